@@ -1,0 +1,129 @@
+package balancer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+)
+
+// Picker chooses one of cands. cands has at least one element and every
+// element is eligible (ready and not ejected); the Balancer guarantees both.
+//
+// Pick runs on the request path of every new session and every stateless
+// request, concurrently from many goroutines: it must never block, never
+// allocate and take no locks. A Picker only reads load; the caller counts the
+// request (Endpoint.Begin) once it has decided to use the pick.
+type Picker interface {
+	Pick(cands []*Endpoint) *Endpoint
+}
+
+// PickerNames lists the names NewPicker accepts, default first.
+var PickerNames = []string{"p2c", "least-loaded", "round-robin", "random"}
+
+// NewPicker returns the picker called name. rnd(n) must return a uniform
+// integer in [0, n) and be safe for concurrent use; nil means math/rand/v2's
+// IntN, which draws from a per-thread generator and so stays lock-free.
+func NewPicker(name string, rnd func(n int) int) (Picker, error) {
+	if rnd == nil {
+		rnd = rand.IntN
+	}
+	switch name {
+	case "p2c":
+		return &p2c{rnd: rnd}, nil
+	case "least-loaded":
+		return &leastLoaded{rnd: rnd}, nil
+	case "round-robin":
+		return &roundRobin{}, nil
+	case "random":
+		return &random{rnd: rnd}, nil
+	}
+	return nil, fmt.Errorf("balancer: unknown picker %q (valid: %s)", name, strings.Join(PickerNames, ", "))
+}
+
+var (
+	_ Picker = (*p2c)(nil)
+	_ Picker = (*leastLoaded)(nil)
+	_ Picker = (*roundRobin)(nil)
+	_ Picker = (*random)(nil)
+)
+
+// p2c is "the power of two choices" (M. Mitzenmacher, The Power of Two
+// Choices in Randomized Load Balancing, 2001): sample two distinct candidates
+// uniformly and take the less loaded one. It costs two loads instead of a scan
+// and, unlike least-loaded, does not send a burst of simultaneous picks to the
+// same momentarily-idle endpoint (the herd effect of stale load readings),
+// while keeping the maximum load within a small constant of the mean.
+type p2c struct {
+	rnd func(n int) int
+}
+
+func (p *p2c) Pick(cands []*Endpoint) *Endpoint {
+	n := len(cands)
+	if n == 1 {
+		return cands[0]
+	}
+	// Draw the second index from the n-1 remaining slots and skip over the
+	// first, so the two samples are always distinct without a retry loop.
+	i := p.rnd(n)
+	j := p.rnd(n - 1)
+	if j >= i {
+		j++
+	}
+	first, second := cands[i], cands[j]
+	// Ties go to the first sample, which is itself uniform, so ties stay fair.
+	if second.Load() < first.Load() {
+		return second
+	}
+	return first
+}
+
+// leastLoaded scans every candidate and takes the lowest load. Ties are broken
+// uniformly at random by reservoir sampling (keep the k-th tied candidate with
+// probability 1/k), which needs no scratch slice and so no allocation.
+// Without the random tie break, equal loads would always go to the first
+// endpoint in ID order.
+type leastLoaded struct {
+	rnd func(n int) int
+}
+
+func (l *leastLoaded) Pick(cands []*Endpoint) *Endpoint {
+	best := cands[0]
+	bestLoad := best.Load()
+	ties := 1
+	for _, e := range cands[1:] {
+		load := e.Load()
+		switch {
+		case load < bestLoad:
+			best, bestLoad, ties = e, load, 1
+		case load == bestLoad:
+			ties++
+			if l.rnd(ties) == 0 {
+				best = e
+			}
+		}
+	}
+	return best
+}
+
+// roundRobin hands out candidates in turn from a shared atomic counter. It
+// ignores load; it is there for backends known to be uniform and for
+// comparisons. The counter is shared across candidate sets, so when the set
+// changes the rotation continues from wherever the counter is.
+type roundRobin struct {
+	next atomic.Uint64
+}
+
+func (r *roundRobin) Pick(cands []*Endpoint) *Endpoint {
+	i := r.next.Add(1) - 1
+	return cands[i%uint64(len(cands))]
+}
+
+// random picks uniformly, ignoring load.
+type random struct {
+	rnd func(n int) int
+}
+
+func (r *random) Pick(cands []*Endpoint) *Endpoint {
+	return cands[r.rnd(len(cands))]
+}

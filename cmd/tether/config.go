@@ -1,0 +1,151 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tether-mcp/tether/balancer"
+	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/proxy"
+)
+
+// config is the serve command's configuration (DESIGN §6). Every flag can
+// also be set as TETHER_<UPPER_SNAKE>; a flag on the command line wins.
+type config struct {
+	Listen        string
+	AdminListen   string
+	Backends      []string
+	K8sService    string
+	K8sPort       string
+	Kubeconfig    string
+	RedisURL      string
+	SessionTTL    time.Duration
+	Balancer      string
+	MaxBody       int64
+	ShutdownGrace time.Duration
+	BackendH2C    bool
+	LogFormat     string
+	LogLevel      string
+}
+
+func defaultConfig() config {
+	return config{
+		Listen:        "127.0.0.1:7480",
+		AdminListen:   "127.0.0.1:7481",
+		SessionTTL:    time.Hour,
+		Balancer:      "p2c",
+		MaxBody:       proxy.DefaultMaxBody,
+		ShutdownGrace: 25 * time.Second,
+		LogFormat:     "text",
+		LogLevel:      "info",
+	}
+}
+
+// parseServeFlags parses args (after the subcommand) with environment
+// defaults. Errors are one line, suitable for "tether: <err>".
+func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("tether serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address (HTTP/1.1 and h2c)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address: /healthz /readyz")
+	fs.Func("backends", "comma-separated static backend base URLs (standalone mode)", func(s string) error {
+		cfg.Backends = splitList(s)
+		return nil
+	})
+	fs.StringVar(&cfg.K8sService, "k8s-service", "", "NAMESPACE/NAME of the Service whose EndpointSlices are the backends")
+	fs.StringVar(&cfg.K8sPort, "k8s-port", "", "port NAME or NUMBER of the EndpointSlices (default: the only one)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "redis:// or rediss:// URL of the shared session store (default: in-memory)")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "idle TTL of a session record")
+	fs.StringVar(&cfg.Balancer, "balancer", cfg.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
+	fs.Int64Var(&cfg.MaxBody, "max-body", cfg.MaxBody, "largest accepted POST body in bytes (larger: 413)")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
+	fs.BoolVar(&cfg.BackendH2C, "backend-h2c", false, "speak HTTP/2 without TLS (prior knowledge) to backends")
+	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text | json")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug | info | warn | error")
+
+	// Environment first, so that the command line overrides it.
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v := getenv(name); v != "" && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %v", name, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return cfg, cfg.validate()
+}
+
+// envName maps a flag name to its environment variable: max-body →
+// TETHER_MAX_BODY.
+func envName(flagName string) string {
+	return "TETHER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// validate rejects bad or contradictory settings with one-line errors.
+func (c config) validate() error {
+	switch {
+	case len(c.Backends) > 0 && c.K8sService != "":
+		return errors.New("--backends and --k8s-service are mutually exclusive")
+	case len(c.Backends) == 0 && c.K8sService == "":
+		return errors.New("no backends: set --backends (standalone) or --k8s-service (Kubernetes)")
+	case c.K8sService != "":
+		return errors.New("--k8s-service: EndpointSlice discovery is not available in this build yet")
+	case c.K8sPort != "" || c.Kubeconfig != "":
+		return errors.New("--k8s-port and --kubeconfig need --k8s-service")
+	case c.RedisURL != "":
+		return errors.New("--redis-url: the Redis session store is not available in this build yet")
+	case c.SessionTTL <= 0:
+		return fmt.Errorf("--session-ttl must be positive, got %s", c.SessionTTL)
+	case c.MaxBody <= 0:
+		return fmt.Errorf("--max-body must be positive, got %d", c.MaxBody)
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("--shutdown-grace must not be negative, got %s", c.ShutdownGrace)
+	case !slices.Contains(balancer.PickerNames, c.Balancer):
+		return fmt.Errorf("--balancer %q: want one of %s", c.Balancer, strings.Join(balancer.PickerNames, ", "))
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	for _, addr := range []struct{ flag, value string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
+		if _, _, err := net.SplitHostPort(addr.value); err != nil {
+			return fmt.Errorf("%s %q: %v", addr.flag, addr.value, err)
+		}
+	}
+	for _, b := range c.Backends {
+		if _, err := discovery.ParseBackendURL(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+

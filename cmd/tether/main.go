@@ -1,0 +1,85 @@
+// Command tether is a session-aware sidecar load balancer for MCP servers.
+//
+//	tether [serve] [flags]   route MCP traffic (the default command)
+//	tether demo              three in-process MCP backends, tether, 30 clients, one backend killed
+//	tether version           print the version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/tether-mcp/tether/discovery"
+)
+
+// version is stamped at build time: -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// run is the whole program; it returns the process exit code.
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	var err error
+	switch cmd {
+	case "serve":
+		err = serveCommand(ctx, args, getenv, stderr)
+	case "demo":
+		err = demoCommand(ctx, args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "tether", version)
+	case "help":
+		usage(stdout)
+	default:
+		err = fmt.Errorf("unknown command %q (want serve, demo, version or help)", cmd)
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintln(stderr, "tether:", err)
+		return 1
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `tether: a session-aware sidecar load balancer for MCP servers
+
+  tether [serve] [flags]   route MCP traffic (tether serve -h lists the flags)
+  tether demo              run a self-contained demonstration
+  tether version           print the version
+`)
+}
+
+func serveCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseServeFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
+	source, err := discovery.NewStatic(cfg.Backends)
+	if err != nil {
+		return err
+	}
+	s, err := newServer(cfg, log)
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, source)
+}

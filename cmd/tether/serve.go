@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-mcp/tether/balancer"
+	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/session"
+)
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	lvl, _ := parseLevel(level) // validated with the config
+	opts := &slog.HandlerOptions{Level: lvl}
+	if strings.EqualFold(format, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// server is a running tether: client and admin listeners around one proxy.
+type server struct {
+	cfg   config
+	log   *slog.Logger
+	bal   *balancer.Balancer
+	store session.Store
+	proxy *proxy.Proxy
+
+	client, admin     *http.Server
+	clientLn, adminLn net.Listener
+	ready             atomic.Bool // false until discovery has synced, and again while draining
+	// cancelRequests ends every in-flight request (and SSE stream) when the
+	// shutdown grace period runs out.
+	cancelRequests context.CancelFunc
+	requestCtx     context.Context
+}
+
+// newServer wires the parts and binds both listeners, so that an address in
+// use fails before anything starts.
+func newServer(cfg config, log *slog.Logger) (*server, error) {
+	picker, err := balancer.NewPicker(cfg.Balancer, nil)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{cfg: cfg, log: log}
+	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log})
+	mem := session.NewMemory(session.MemoryOptions{
+		TTL:      cfg.SessionTTL,
+		OnExpire: func(r *session.Record) { s.proxy.SessionExpired(r) },
+	})
+	s.store = mem
+	s.proxy = proxy.New(proxy.Config{
+		Balancer:  s.bal,
+		Store:     s.store,
+		Transport: proxy.NewTransport(cfg.BackendH2C),
+		MaxBody:   cfg.MaxBody,
+		Logger:    log,
+	})
+
+	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true) // h2c by prior knowledge only, never by Upgrade
+	s.client = &http.Server{
+		Handler:           s.proxy,
+		Protocols:         &protos,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return s.requestCtx },
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	s.admin = &http.Server{
+		Handler:           s.adminHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+
+	if s.clientLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		mem.Close()
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	if s.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		s.clientLn.Close()
+		mem.Close()
+		return nil, fmt.Errorf("--admin-listen: %w", err)
+	}
+	return s, nil
+}
+
+func (s *server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+// run serves until ctx ends, then shuts down gracefully: readiness off, no
+// new connections, in-flight requests and SSE streams get the grace period,
+// then whatever is left is cut. It returns nil after a clean shutdown.
+func (s *server) run(ctx context.Context, source discovery.Source) error {
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	defer stopBackground()
+
+	synced := make(chan struct{})
+	var once atomic.Bool
+	discoveryErr := make(chan error, 1)
+	go func() {
+		discoveryErr <- source.Run(bgCtx, func(snap discovery.Snapshot) {
+			s.bal.Update(snap)
+			if once.CompareAndSwap(false, true) {
+				close(synced)
+			}
+		})
+	}()
+	go s.bal.Run(bgCtx)
+
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- s.client.Serve(s.clientLn) }()
+	go func() { serveErr <- s.admin.Serve(s.adminLn) }()
+	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(), "balancer", s.cfg.Balancer)
+
+	select {
+	case <-synced:
+		s.ready.Store(true)
+	case <-ctx.Done():
+	case err := <-discoveryErr:
+		return fmt.Errorf("discovery: %w", err)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	case err := <-discoveryErr:
+		if err != nil {
+			runErr = fmt.Errorf("discovery: %w", err)
+		}
+	}
+
+	s.ready.Store(false)
+	s.log.Info("shutting down", "grace", s.cfg.ShutdownGrace.String())
+	s.shutdown()
+	stopBackground()
+	if err := s.store.Close(); err != nil {
+		s.log.Warn("session store close", "err", err)
+	}
+	s.log.Info("stopped")
+	return runErr
+}
+
+// shutdown stops the listeners and waits for in-flight work up to the grace
+// period, then cancels what is left (SSE streams end with their context).
+func (s *server) shutdown() {
+	// Shutdown waits with a fresh context: the signal's is already done.
+	graceCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.client.Shutdown(graceCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			s.log.Warn("client listener shutdown", "err", err)
+		}
+	}()
+	select {
+	case <-done:
+	case <-graceCtx.Done():
+		s.log.Info("grace period over: ending remaining requests and streams")
+		s.cancelRequests()
+		// Handlers return promptly once their contexts are cancelled; the
+		// deadline only guards against a stuck one.
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			s.client.Close()
+		}
+	}
+	s.cancelRequests()
+	adminCtx, cancelAdmin := context.WithTimeout(context.Background(), time.Second)
+	defer cancelAdmin()
+	s.admin.Shutdown(adminCtx)
+}

@@ -1,0 +1,154 @@
+// Package mcpbackend runs real MCP servers (the go-sdk's stateful
+// Streamable HTTP handler) on loopback listeners, for the demo, the tests
+// and the benchmarks. Each backend can be killed the way a terminating pod
+// is, and restarted in place on the same address with none of its sessions.
+package mcpbackend
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Backend is one MCP server.
+type Backend struct {
+	Name string
+	Addr string // host:port it listens on
+
+	// Counters, for assertions and the demo's report.
+	Initializes atomic.Int64 // initialize requests answered
+	Initialized atomic.Int64 // notifications/initialized received
+	Calls       atomic.Int64 // tools/call handled
+
+	mu  sync.Mutex
+	srv *http.Server
+}
+
+// WhoamiOutput is the structured result of the whoami tool.
+type WhoamiOutput struct {
+	Backend string `json:"backend"`
+}
+
+// EchoInput is the argument of the echo tool.
+type EchoInput struct {
+	Text string `json:"text"`
+}
+
+// EchoOutput is the structured result of the echo tool.
+type EchoOutput struct {
+	Text    string `json:"text"`
+	Backend string `json:"backend"`
+}
+
+// Start runs a backend named name on addr ("127.0.0.1:0" for any port).
+func Start(name, addr string) (*Backend, error) {
+	b := &Backend{Name: name}
+	if err := b.listen(addr); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// URL is the backend's base URL (tether appends the client's path).
+func (b *Backend) URL() string { return "http://" + b.Addr }
+
+func (b *Backend) listen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", b.Name, err)
+	}
+	b.Addr = ln.Addr().String()
+	srv := &http.Server{Handler: b.handler(), ReadHeaderTimeout: 10 * time.Second}
+	b.mu.Lock()
+	b.srv = srv
+	b.mu.Unlock()
+	go srv.Serve(ln)
+	return nil
+}
+
+// handler builds a fresh MCP server: a restart loses every session, as a
+// restarted pod does.
+func (b *Backend) handler() http.Handler {
+	server := mcp.NewServer(&mcp.Implementation{Name: b.Name, Version: "1.0.0"}, &mcp.ServerOptions{
+		InitializedHandler: func(context.Context, *mcp.InitializedRequest) { b.Initialized.Add(1) },
+	})
+	mcp.AddTool(server, &mcp.Tool{Name: "whoami", Description: "name the backend that serves this session"},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, WhoamiOutput, error) {
+			b.Calls.Add(1)
+			return nil, WhoamiOutput{Backend: b.Name}, nil
+		})
+	mcp.AddTool(server, &mcp.Tool{Name: "echo", Description: "echo the text back"},
+		func(ctx context.Context, req *mcp.CallToolRequest, in EchoInput) (*mcp.CallToolResult, EchoOutput, error) {
+			b.Calls.Add(1)
+			return nil, EchoOutput{Text: in.Text, Backend: b.Name}, nil
+		})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" && r.ContentLength > 0 && r.ContentLength < 1<<20 {
+			body := make([]byte, r.ContentLength)
+			if _, err := io.ReadFull(r.Body, body); err != nil {
+				http.Error(w, "short body", http.StatusBadRequest)
+				return
+			}
+			if bytes.Contains(body, []byte(`"method":"initialize"`)) {
+				b.Initializes.Add(1)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Kill stops the backend the way a terminating pod stops: the listener
+// closes (new connections are refused), requests in flight get up to grace
+// to finish, then every connection, SSE streams included, is cut.
+func (b *Backend) Kill(grace time.Duration) {
+	b.mu.Lock()
+	srv := b.srv
+	b.srv = nil
+	b.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		srv.Close()
+	}
+}
+
+// Restart kills the backend and starts a fresh one on the same address: it
+// answers 404 to every session it had.
+func (b *Backend) Restart(grace time.Duration) error {
+	b.Kill(grace)
+	var err error
+	for range 50 { // the port may take a moment to be free again
+		if err = b.listen(b.Addr); err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+// Close stops the backend at once.
+func (b *Backend) Close() { b.Kill(0) }
+
+// Alive reports whether the backend is serving.
+func (b *Backend) Alive() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.srv != nil
+}
+
+// ErrStopped is returned by helpers when a backend is not running.
+var ErrStopped = errors.New("backend stopped")

@@ -1,0 +1,285 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// MCP Streamable HTTP headers.
+const (
+	headerSessionID       = "Mcp-Session-Id"
+	headerProtocolVersion = "Mcp-Protocol-Version"
+	headerLastEventID     = "Last-Event-Id"
+)
+
+// maxSessionIDLen bounds the Mcp-Session-Id header. The MCP spec only says
+// "visible ASCII"; real servers mint UUIDs or 32–64 character tokens, so 256
+// leaves room while keeping records and logs bounded.
+const maxSessionIDLen = 256
+
+// Kind is what an HTTP request means to MCP, as far as routing cares.
+type Kind uint8
+
+const (
+	KindRequest      Kind = iota // POST of a JSON-RPC request (or a batch holding one)
+	KindInitialize               // POST whose message, or one of whose batch members, is initialize
+	KindNotification             // POST of notifications only
+	KindResponse                 // POST of responses (to server-initiated requests) only
+	KindStream                   // GET: the server-to-client SSE stream
+	KindDelete                   // DELETE: end the session
+	KindOther                    // any other HTTP method (OPTIONS preflight, HEAD, ...)
+)
+
+var kindNames = [...]string{"request", "initialize", "notification", "response", "stream", "delete", "other"}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// Classification is everything the router needs to know about a request. It
+// is computed once, before any routing decision.
+type Classification struct {
+	Kind            Kind
+	SessionID       string          // Mcp-Session-Id as the client sent it ("" if none)
+	ProtocolVersion string          // MCP-Protocol-Version as the client sent it
+	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
+	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
+	Batch           bool
+	Body            []byte // the complete request body (POST), kept for forwarding and replay
+}
+
+// requestError is a request tether refuses before routing it. It becomes an
+// HTTP status plus, where the client speaks JSON-RPC, a JSON-RPC error body.
+type requestError struct {
+	status  int
+	code    int
+	message string
+}
+
+func (e *requestError) Error() string { return e.message }
+
+// JSON-RPC error codes tether answers with. -32000..-32099 are reserved for
+// implementation-defined server errors.
+const (
+	codeParseError      = -32700
+	codeInvalidRequest  = -32600
+	codeInternalError   = -32603
+	codeSessionNotFound = -32001 // the code the MCP TypeScript and Python SDKs use for an unknown session
+	codeBackendFailed   = -32002
+	codeUnavailable     = -32003
+)
+
+var (
+	errBodyTooLarge = &requestError{http.StatusRequestEntityTooLarge, codeInvalidRequest, "request body too large"}
+	errEmptyBody    = &requestError{http.StatusBadRequest, codeInvalidRequest, "empty request body"}
+	errNotJSON      = &requestError{http.StatusBadRequest, codeParseError, "request body is not valid JSON"}
+	errNotJSONRPC   = &requestError{http.StatusBadRequest, codeInvalidRequest, "request body is not a JSON-RPC 2.0 message"}
+	errEmptyBatch   = &requestError{http.StatusBadRequest, codeInvalidRequest, "empty JSON-RPC batch"}
+	errBadSessionID = &requestError{http.StatusBadRequest, codeInvalidRequest, "invalid Mcp-Session-Id header"}
+	errReadBody     = &requestError{http.StatusBadRequest, codeInvalidRequest, "could not read request body"}
+)
+
+// classify reads what routing needs from r. For POST it reads the whole body,
+// refusing more than maxBody bytes: an oversized Content-Length is refused
+// before a byte of the body is read.
+func classify(r *http.Request, maxBody int64) (Classification, *requestError) {
+	var c Classification
+	c.ProtocolVersion = r.Header.Get(headerProtocolVersion)
+	if vs := r.Header.Values(headerSessionID); len(vs) > 0 {
+		if len(vs) > 1 || !validSessionID(vs[0]) {
+			return c, errBadSessionID
+		}
+		c.SessionID = vs[0]
+	}
+	switch r.Method {
+	case http.MethodPost:
+	case http.MethodGet:
+		c.Kind = KindStream
+		return c, nil
+	case http.MethodDelete:
+		c.Kind = KindDelete
+		return c, nil
+	default:
+		c.Kind = KindOther
+		return c, nil
+	}
+
+	body, rerr := readBody(r, maxBody)
+	if rerr != nil {
+		return c, rerr
+	}
+	c.Body = body
+	if rerr := parseMessages(body, &c); rerr != nil {
+		return c, rerr
+	}
+	return c, nil
+}
+
+// validSessionID reports whether id is 1..256 visible ASCII characters
+// (0x21–0x7E), as MCP requires of session ids.
+func validSessionID(id string) bool {
+	if len(id) == 0 || len(id) > maxSessionIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func readBody(r *http.Request, maxBody int64) ([]byte, *requestError) {
+	if r.ContentLength > maxBody {
+		return nil, errBodyTooLarge
+	}
+	if r.ContentLength >= 0 {
+		buf := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, buf); err != nil {
+			return nil, errReadBody
+		}
+		return buf, nil
+	}
+	// Unknown length (chunked): read at most maxBody+1 bytes to tell "exactly
+	// the limit" from "over it".
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, errReadBody
+	}
+	if int64(len(buf)) > maxBody {
+		return nil, errBodyTooLarge
+	}
+	return buf, nil
+}
+
+// wireMessage holds the members of a JSON-RPC 2.0 message that routing
+// reads. Params, result and error bodies are skipped, not decoded.
+type wireMessage struct {
+	JSONRPC string          `json:"jsonrpc"`
+	Method  *string         `json:"method"`
+	ID      json.RawMessage `json:"id"`
+	Result  json.RawMessage `json:"result"`
+	Error   json.RawMessage `json:"error"`
+}
+
+// parseMessages fills c.Kind, c.Method, c.ID and c.Batch from a POST body.
+func parseMessages(body []byte, c *Classification) *requestError {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 {
+		return errEmptyBody
+	}
+	if trimmed[0] != '[' {
+		var m wireMessage
+		if err := json.Unmarshal(body, &m); err != nil {
+			return jsonError(err)
+		}
+		kind, rerr := messageKind(&m)
+		if rerr != nil {
+			return rerr
+		}
+		c.Kind = kind
+		if m.Method != nil {
+			c.Method = *m.Method
+		}
+		if kind == KindRequest || kind == KindInitialize {
+			c.ID = m.ID
+		}
+		return nil
+	}
+
+	var batch []wireMessage
+	if err := json.Unmarshal(body, &batch); err != nil {
+		return jsonError(err)
+	}
+	if len(batch) == 0 {
+		return errEmptyBatch
+	}
+	c.Batch = true
+	// A batch is classified as a whole: initialize anywhere makes it a new
+	// session; otherwise any request makes it a request; otherwise it is
+	// notifications and/or responses, both answered 202 by the server.
+	c.Kind = KindNotification
+	sawResponse, sawNotification := false, false
+	for i := range batch {
+		kind, rerr := messageKind(&batch[i])
+		if rerr != nil {
+			return rerr
+		}
+		switch kind {
+		case KindInitialize:
+			c.Kind = KindInitialize
+			c.Method = "initialize"
+		case KindRequest:
+			if c.Kind != KindInitialize {
+				c.Kind = KindRequest
+				if c.Method == "" {
+					c.Method = *batch[i].Method
+				}
+			}
+		case KindResponse:
+			sawResponse = true
+		case KindNotification:
+			sawNotification = true
+			if c.Method == "" && c.Kind == KindNotification {
+				c.Method = *batch[i].Method
+			}
+		}
+	}
+	if c.Kind == KindNotification && sawResponse && !sawNotification {
+		c.Kind = KindResponse
+	}
+	return nil
+}
+
+func jsonError(err error) *requestError {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		// Valid JSON of the wrong shape (e.g. "method": 5).
+		return errNotJSONRPC
+	}
+	return errNotJSON
+}
+
+// messageKind applies JSON-RPC 2.0's rules: a method makes a request (with
+// an id) or a notification (without); no method but an id with a result or
+// an error makes a response.
+func messageKind(m *wireMessage) (Kind, *requestError) {
+	if m.JSONRPC != "2.0" {
+		return 0, errNotJSONRPC
+	}
+	hasID := len(m.ID) > 0 && !bytes.Equal(m.ID, []byte("null"))
+	if m.Method != nil {
+		if *m.Method == "" {
+			return 0, errNotJSONRPC
+		}
+		if !hasID {
+			return KindNotification, nil
+		}
+		if !validID(m.ID) {
+			return 0, errNotJSONRPC
+		}
+		if *m.Method == "initialize" {
+			return KindInitialize, nil
+		}
+		return KindRequest, nil
+	}
+	if (m.Result != nil) != (m.Error != nil) && len(m.ID) > 0 {
+		return KindResponse, nil
+	}
+	return 0, errNotJSONRPC
+}
+
+// validID accepts the id types JSON-RPC allows for requests: strings and
+// numbers.
+func validID(id json.RawMessage) bool {
+	switch id[0] {
+	case '"':
+		return true
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		_, err := strconv.ParseFloat(string(id), 64)
+		return err == nil
+	}
+	return false
+}

@@ -1,0 +1,149 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tether-mcp/tether/balancer"
+	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/session"
+)
+
+// harness is tether in front of real go-sdk MCP backends, on loopback.
+type harness struct {
+	t        *testing.T
+	backends []*mcpbackend.Backend
+	bal      *balancer.Balancer
+	store    *session.Memory
+	proxy    *proxy.Proxy
+	front    *httptest.Server
+}
+
+type harnessOptions struct {
+	backends int
+	picker   string
+	maxBody  int64
+}
+
+func newHarness(t *testing.T, o harnessOptions) *harness {
+	t.Helper()
+	if o.backends == 0 {
+		o.backends = 3
+	}
+	if o.picker == "" {
+		o.picker = "p2c"
+	}
+	h := &harness{t: t}
+	var urls []string
+	for i := range o.backends {
+		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		h.backends = append(h.backends, b)
+		urls = append(urls, b.URL())
+	}
+	picker, err := balancer.NewPicker(o.picker, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	h.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, ProbeInterval: 50 * time.Millisecond, EjectBase: 100 * time.Millisecond})
+	src, err := discovery.NewStatic(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	synced := make(chan struct{})
+	go src.Run(ctx, func(s discovery.Snapshot) { h.bal.Update(s); close(synced) })
+	<-synced
+	go h.bal.Run(ctx)
+
+	h.store = session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnExpire: func(r *session.Record) { h.proxy.SessionExpired(r) }})
+	t.Cleanup(func() { h.store.Close() })
+	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody})
+	h.front = httptest.NewServer(h.proxy)
+	t.Cleanup(h.front.Close)
+	return h
+}
+
+func (h *harness) endpoint() string { return h.front.URL + "/mcp" }
+
+// connect opens a go-sdk client session through tether.
+func (h *harness) connect(ctx context.Context) *mcp.ClientSession {
+	h.t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1.0.0"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.endpoint()}, nil)
+	if err != nil {
+		h.t.Fatalf("connect through tether: %v", err)
+	}
+	return cs
+}
+
+// whoami calls the whoami tool and returns the backend's name.
+func whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
+	if err != nil {
+		return "", err
+	}
+	if res.IsError {
+		return "", fmt.Errorf("tool error: %v", res.Content)
+	}
+	raw, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		return "", err
+	}
+	var out mcpbackend.WhoamiOutput
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return "", err
+	}
+	return out.Backend, nil
+}
+
+func (h *harness) backend(name string) *mcpbackend.Backend {
+	for _, b := range h.backends {
+		if b.Name == name {
+			return b
+		}
+	}
+	h.t.Fatalf("no backend %q", name)
+	return nil
+}
+
+// post sends a raw JSON-RPC POST through tether.
+func (h *harness) post(sid, body string, hdr ...string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.endpoint(), stringsReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if sid != "" {
+		req.Header.Set("Mcp-Session-Id", sid)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}

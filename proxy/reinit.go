@@ -1,0 +1,340 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"strings"
+
+	"github.com/tether-mcp/tether/balancer"
+	"github.com/tether-mcp/tether/session"
+)
+
+// replayHeaders are copied from the request that triggers a
+// re-initialization into the replayed initialize: credentials must be the
+// client's current ones (a stored token may have expired), and Origin and
+// the forwarding headers keep the backend's own checks meaningful.
+var replayHeaders = []string{
+	"Authorization", "Cookie", "Origin", "User-Agent",
+	"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+}
+
+// maxInitializeResponse bounds what tether reads of a replayed initialize.
+const maxInitializeResponse = 1 << 20
+
+// replayContext is what a re-initialization takes from the triggering
+// request, copied so the flight never touches a request that has ended.
+type replayContext struct {
+	host            string
+	path            string
+	protocolVersion string
+	header          http.Header
+	exclude         *balancer.Endpoint
+	reason          string
+}
+
+// reinitialize moves x's session to another backend (DESIGN §4) and points
+// x at it. Concurrent requests of one session share one re-initialization.
+func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, reason string) error {
+	stale := x.rec
+	rc := replayContext{
+		host:            r.Host,
+		path:            r.URL.Path,
+		protocolVersion: x.class.ProtocolVersion,
+		header:          make(http.Header, len(replayHeaders)),
+		exclude:         x.excluded,
+		reason:          reason,
+	}
+	for _, h := range replayHeaders {
+		if v := r.Header.Values(h); len(v) > 0 {
+			rc.header[h] = append([]string(nil), v...)
+		}
+	}
+	ch := p.flights.DoChan(stale.ClientSID, func() (any, error) {
+		// The flight outlives any one waiter: it must finish even if the
+		// request that started it is cancelled, since others wait on it.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.reinitTTL)
+		defer cancel()
+		return p.moveSession(fctx, stale, rc)
+	})
+	var res singleflightResult
+	select {
+	case r := <-ch:
+		res = singleflightResult{r.Val, r.Err}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if res.err != nil {
+		return res.err
+	}
+	rec := res.val.(*session.Record)
+	ep, ok := p.bal.Lookup(rec.BackendID)
+	if !ok {
+		return fmt.Errorf("re-initialized session's backend %s left the endpoint set", rec.BackendURL)
+	}
+	x.rec, x.ep, x.backendSID = rec, ep, rec.BackendSID
+	x.route, x.reinit = RouteReinit, reason
+	return nil
+}
+
+type singleflightResult struct {
+	val any
+	err error
+}
+
+// moveSession re-initializes the session on a new backend: pick, replay
+// initialize, send notifications/initialized, swap the record.
+func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc replayContext) (*session.Record, error) {
+	cur, err := p.store.Get(ctx, stale.ClientSID)
+	if err != nil {
+		return nil, err
+	}
+	if cur.Version != stale.Version {
+		// Moved by an earlier flight (or another replica) after the caller
+		// read the record: use that move unless it too is already dead.
+		if ep, ok := p.bal.Lookup(cur.BackendID); ok && !ep.Ejected() {
+			return cur, nil
+		}
+	}
+	exclude := rc.exclude
+	var lastErr error
+	for range maxAttempts {
+		ep, err := p.bal.Pick(exclude)
+		if err != nil {
+			return nil, err
+		}
+		sid, err := p.replayInitialize(ctx, ep, cur, rc)
+		if err != nil {
+			lastErr = err
+			if isDialError(err) {
+				p.bal.Eject(ep, err)
+				exclude = ep
+				continue
+			}
+			return nil, fmt.Errorf("replay initialize on %s: %w", ep, err)
+		}
+
+		next := cur.Clone()
+		next.BackendID, next.BackendURL, next.BackendSID = ep.ID, ep.String(), sid
+		next.Reinits++
+		next.LastUsed = p.now()
+		stored, err := p.store.Swap(ctx, cur, next)
+		if errors.Is(err, session.ErrConflict) && stored != nil {
+			// Someone else moved the session first: adopt their backend and
+			// end the orphan session we just created.
+			p.deleteBackendSession(ctx, ep, sid, rc)
+			if winner, ok := p.bal.Lookup(stored.BackendID); ok && !winner.Ejected() {
+				return stored, nil
+			}
+			cur = stored
+			continue
+		}
+		if err != nil {
+			p.deleteBackendSession(ctx, ep, sid, rc)
+			return nil, fmt.Errorf("swap session record: %w", err)
+		}
+		if old, ok := p.bal.Lookup(cur.BackendID); ok {
+			old.AddSessions(-1)
+		}
+		ep.AddSessions(1)
+		p.log.Info("session re-initialized",
+			"session", hashSessionID(stored.ClientSID),
+			"reason", rc.reason,
+			"from", cur.BackendURL,
+			"to", stored.BackendURL,
+			"reinits", stored.Reinits)
+		return stored, nil
+	}
+	return nil, fmt.Errorf("no backend accepted the session: %w", lastErr)
+}
+
+// replayInitialize sends the session's stored initialize to ep, then
+// notifications/initialized (Python-SDK servers refuse every request until
+// it arrives), and returns the session id ep minted.
+func (p *Proxy) replayInitialize(ctx context.Context, ep *balancer.Endpoint, rec *session.Record, rc replayContext) (string, error) {
+	req, err := p.newBackendRequest(ctx, http.MethodPost, ep, rc, rec.Init)
+	if err != nil {
+		return "", err
+	}
+	if rec.ProtocolVersion != "" {
+		req.Header.Set(headerProtocolVersion, rec.ProtocolVersion)
+	}
+	resp, err := p.transport.RoundTrip(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return "", fmt.Errorf("initialize answered %s", resp.Status)
+	}
+	sid := resp.Header.Get(headerSessionID)
+	if !validSessionID(sid) {
+		return "", errors.New("initialize answer carries no valid Mcp-Session-Id")
+	}
+	version, err := readInitializeResult(resp)
+	if err != nil {
+		p.deleteBackendSession(ctx, ep, sid, rc)
+		return "", err
+	}
+	if rc.protocolVersion != "" {
+		version = rc.protocolVersion // what the client negotiated and speaks
+	}
+
+	note, err := p.newBackendRequest(ctx, http.MethodPost, ep, rc, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`))
+	if err != nil {
+		return "", err
+	}
+	note.Header.Set(headerSessionID, sid)
+	if version != "" {
+		note.Header.Set(headerProtocolVersion, version)
+	}
+	nresp, err := p.transport.RoundTrip(note)
+	if err != nil {
+		return "", fmt.Errorf("notifications/initialized: %w", err)
+	}
+	io.Copy(io.Discard, io.LimitReader(nresp.Body, maxInitializeResponse))
+	nresp.Body.Close()
+	if nresp.StatusCode/100 != 2 {
+		p.deleteBackendSession(ctx, ep, sid, rc)
+		return "", fmt.Errorf("notifications/initialized answered %s", nresp.Status)
+	}
+	return sid, nil
+}
+
+// deleteBackendSession ends a backend session tether created but will not
+// use. Best effort: the backend's own idle timeout is the backstop.
+func (p *Proxy) deleteBackendSession(ctx context.Context, ep *balancer.Endpoint, sid string, rc replayContext) {
+	req, err := p.newBackendRequest(ctx, http.MethodDelete, ep, rc, nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set(headerSessionID, sid)
+	resp, err := p.transport.RoundTrip(req)
+	if err != nil {
+		return
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, maxInitializeResponse))
+	resp.Body.Close()
+}
+
+func (p *Proxy) newBackendRequest(ctx context.Context, method string, ep *balancer.Endpoint, rc replayContext, body []byte) (*http.Request, error) {
+	target := *ep.URL
+	target.Path = singleJoiningSlash(ep.URL.Path, rc.path)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Host = rc.host
+	for h, v := range rc.header {
+		req.Header[h] = v
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	return req, nil
+}
+
+func singleJoiningSlash(a, b string) string {
+	if b == "" {
+		return a
+	}
+	return strings.TrimSuffix(a, "/") + "/" + strings.TrimPrefix(b, "/")
+}
+
+// readInitializeResult reads the answer to an initialize, JSON or SSE, and
+// returns the negotiated protocol version.
+func readInitializeResult(resp *http.Response) (string, error) {
+	body := io.LimitReader(resp.Body, maxInitializeResponse)
+	if !isEventStream(resp) {
+		data, err := io.ReadAll(body)
+		if err != nil {
+			return "", fmt.Errorf("read initialize answer: %w", err)
+		}
+		return initializeVersion(data)
+	}
+	// SSE: the answer is the first event whose data is a JSON-RPC response.
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 0, 64<<10), maxInitializeResponse)
+	var data []byte
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			if len(data) > 0 {
+				if v, err := initializeVersion(data); err == nil || !errors.Is(err, errNotAResponse) {
+					return v, err
+				}
+			}
+			data = data[:0]
+			continue
+		}
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if len(data) > 0 {
+				data = append(data, '\n')
+			}
+			data = append(data, bytes.TrimPrefix(d, []byte(" "))...)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read initialize stream: %w", err)
+	}
+	return "", errors.New("initialize stream ended without an answer")
+}
+
+var errNotAResponse = errors.New("not a JSON-RPC response")
+
+// initializeVersion finds the initialize result in a JSON-RPC response (or
+// a batch of them) and returns its protocolVersion.
+func initializeVersion(data []byte) (string, error) {
+	type response struct {
+		ID     json.RawMessage `json:"id"`
+		Result *struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"result"`
+		Error *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	var msgs []response
+	data = bytes.TrimSpace(data)
+	if len(data) > 0 && data[0] == '[' {
+		if err := json.Unmarshal(data, &msgs); err != nil {
+			return "", fmt.Errorf("decode initialize answer: %w", err)
+		}
+	} else {
+		var m response
+		if err := json.Unmarshal(data, &m); err != nil {
+			return "", fmt.Errorf("decode initialize answer: %w", err)
+		}
+		msgs = append(msgs, m)
+	}
+	for _, m := range msgs {
+		if m.Error != nil {
+			return "", fmt.Errorf("initialize refused: %d %s", m.Error.Code, m.Error.Message)
+		}
+		if m.Result != nil && m.Result.ProtocolVersion != "" {
+			return m.Result.ProtocolVersion, nil
+		}
+	}
+	return "", errNotAResponse
+}
+
+// hashSessionID is how session ids appear in logs and traces: a session id
+// is a bearer credential on many servers, so only a digest is shown.
+func hashSessionID(sid string) string {
+	sum := sha256.Sum256([]byte(sid))
+	return hex.EncodeToString(sum[:8])
+}
