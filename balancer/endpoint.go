@@ -89,4 +89,9 @@ func (e *Endpoint) AddSessions(n int64) { e.sessions.Add(n) }
 func (e *Endpoint) Ejected() bool { return e.ejected.Load() }
 
 // String returns the endpoint's base URL.
-func (e *Endpoint) String() string { return e.urlString }
+func (e *Endpoint) String() string {
+	if e.urlString == "" && e.URL != nil {
+		return e.URL.String() // an Endpoint built by hand rather than by Update
+	}
+	return e.urlString
+}

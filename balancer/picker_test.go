@@ -102,34 +102,41 @@ func TestEndpointLoad(t *testing.T) {
 }
 
 func TestP2CScriptedDraws(t *testing.T) {
-	// The first draw picks index i of n; the second picks among the other
-	// n-1 (a draw >= i is shifted up by one), so samples are always distinct.
+	// p2c draws once over the n*(n-1) ordered pairs of distinct indices:
+	// draw k = first*(n-1) + rest, where rest indexes the n-1 endpoints other
+	// than first (an index >= first is shifted up by one).
 	tests := []struct {
-		name  string
-		loads []int64
-		draws []int
-		want  string
+		name        string
+		loads       []int64
+		first, rest int
+		want        string
 	}{
-		{"a,b: a lighter", []int64{1, 2, 3}, []int{0, 0}, "a"},
-		{"a,c: a lighter", []int64{1, 2, 3}, []int{0, 1}, "a"},
-		{"b,a: a lighter", []int64{1, 2, 3}, []int{1, 0}, "a"},
-		{"b,c: b lighter", []int64{1, 2, 3}, []int{1, 1}, "b"},
-		{"c,a: a lighter", []int64{1, 2, 3}, []int{2, 0}, "a"},
-		{"c,b: b lighter", []int64{1, 2, 3}, []int{2, 1}, "b"},
-		{"tie a,b: first sampled", []int64{2, 2, 5}, []int{0, 0}, "a"},
-		{"tie b,a: first sampled", []int64{2, 2, 5}, []int{1, 0}, "b"},
-		{"two endpoints: the other one is second", []int64{3, 1}, []int{0, 0}, "b"},
-		{"two endpoints, reversed", []int64{3, 1}, []int{1, 0}, "b"},
-		{"one endpoint: no draws", []int64{7}, nil, "a"},
+		{"a,b: a lighter", []int64{1, 2, 3}, 0, 0, "a"},
+		{"a,c: a lighter", []int64{1, 2, 3}, 0, 1, "a"},
+		{"b,a: a lighter", []int64{1, 2, 3}, 1, 0, "a"},
+		{"b,c: b lighter", []int64{1, 2, 3}, 1, 1, "b"},
+		{"c,a: a lighter", []int64{1, 2, 3}, 2, 0, "a"},
+		{"c,b: b lighter", []int64{1, 2, 3}, 2, 1, "b"},
+		{"tie a,b: first sampled", []int64{2, 2, 5}, 0, 0, "a"},
+		{"tie b,a: first sampled", []int64{2, 2, 5}, 1, 0, "b"},
+		{"two endpoints: the other one is second", []int64{3, 1}, 0, 0, "b"},
+		{"two endpoints, reversed", []int64{3, 1}, 1, 0, "b"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := mustPicker(t, "p2c", scriptedRand(t, tt.draws...))
+			n := len(tt.loads)
+			p := mustPicker(t, "p2c", scriptedRand(t, tt.first*(n-1)+tt.rest))
 			if got := p.Pick(endpointsWithLoads(tt.loads...)).ID; got != tt.want {
 				t.Errorf("Pick = %s, want %s", got, tt.want)
 			}
 		})
 	}
+	t.Run("one endpoint: no draw", func(t *testing.T) {
+		p := mustPicker(t, "p2c", scriptedRand(t))
+		if got := p.Pick(endpointsWithLoads(7)).ID; got != "a" {
+			t.Errorf("Pick = %s, want a", got)
+		}
+	})
 }
 
 func TestP2CNeverPicksStrictlyMostLoaded(t *testing.T) {

@@ -87,8 +87,12 @@ var (
 func classify(r *http.Request, maxBody int64) (Classification, *requestError) {
 	var c Classification
 	c.ProtocolVersion = r.Header.Get(headerProtocolVersion)
-	if vs := r.Header.Values(headerSessionID); len(vs) > 0 {
-		if len(vs) > 1 || !validSessionID(vs[0]) {
+	// An empty header counts as none (some proxies send one); two values,
+	// or one that is not 1..256 visible ASCII characters, are refused.
+	if vs := r.Header.Values(headerSessionID); len(vs) > 1 {
+		return c, errBadSessionID
+	} else if len(vs) == 1 && vs[0] != "" {
+		if !validSessionID(vs[0]) {
 			return c, errBadSessionID
 		}
 		c.SessionID = vs[0]

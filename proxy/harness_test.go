@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,10 +43,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if o.backends == 0 {
 		o.backends = 3
 	}
-	if o.picker == "" {
-		o.picker = "p2c"
-	}
-	h := &harness{t: t}
+	var backends []*mcpbackend.Backend
 	var urls []string
 	for i := range o.backends {
 		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
@@ -52,9 +51,25 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 			t.Fatal(err)
 		}
 		t.Cleanup(b.Close)
-		h.backends = append(h.backends, b)
+		backends = append(backends, b)
 		urls = append(urls, b.URL())
 	}
+	h := newTether(t, urls, o)
+	h.backends = backends
+	return h
+}
+
+// newStaticHarness is tether in front of arbitrary backends.
+func newStaticHarness(t *testing.T, urls ...string) *harness {
+	return newTether(t, urls, harnessOptions{})
+}
+
+func newTether(t *testing.T, urls []string, o harnessOptions) *harness {
+	t.Helper()
+	if o.picker == "" {
+		o.picker = "p2c"
+	}
+	h := &harness{t: t}
 	picker, err := balancer.NewPicker(o.picker, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +96,52 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	h.front = httptest.NewServer(h.proxy)
 	t.Cleanup(h.front.Close)
 	return h
+}
+
+// recordingBackend is a plain HTTP backend that records what reached it.
+type recordingBackend struct {
+	*httptest.Server
+	mu       sync.Mutex
+	requests []*http.Request // clones, bodies read into bodies
+	bodies   []string
+}
+
+func newRecordingBackend(t *testing.T, handle func(r *http.Request)) *recordingBackend {
+	rb := &recordingBackend{}
+	rb.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rb.mu.Lock()
+		rb.requests = append(rb.requests, r.Clone(context.Background()))
+		rb.bodies = append(rb.bodies, string(body))
+		if handle != nil {
+			handle(r)
+		}
+		rb.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	}))
+	t.Cleanup(rb.Close)
+	return rb
+}
+
+func (rb *recordingBackend) last() (*http.Request, string) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if len(rb.requests) == 0 {
+		return nil, ""
+	}
+	return rb.requests[len(rb.requests)-1], rb.bodies[len(rb.bodies)-1]
+}
+
+// assertHealthyStatic checks that tether still forwards a stateless request.
+func assertHealthyStatic(t *testing.T, h *harness) {
+	t.Helper()
+	resp := h.post("", `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("tether unhealthy afterwards: status %d", resp.StatusCode)
+	}
 }
 
 func (h *harness) endpoint() string { return h.front.URL + "/mcp" }

@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
+	"strings"
 	"sync"
 	"time"
 
@@ -336,16 +338,31 @@ var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Ho
 
 // stripUpgrade removes protocol-upgrade requests. MCP never upgrades, h2c is
 // served by prior knowledge only, and ReverseProxy re-adds an Upgrade header
-// after Rewrite (golang/go#80416), so the inbound request is cleaned first.
+// after Rewrite when the inbound request asked for one (golang/go#80416), so
+// the inbound request is cleaned first. Other Connection tokens stay, for
+// ReverseProxy to strip the headers they name.
 func stripUpgrade(h http.Header) {
-	if _, ok := h["Upgrade"]; !ok {
-		if _, ok := h["Http2-Settings"]; !ok {
-			return
-		}
+	_, up := h["Upgrade"]
+	_, settings := h["Http2-Settings"]
+	if !up && !settings {
+		return
 	}
 	h.Del("Upgrade")
 	h.Del("Http2-Settings")
-	h.Del("Connection")
+	var keep []string
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			tok = textproto.TrimString(tok)
+			if tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+				keep = append(keep, tok)
+			}
+		}
+	}
+	if len(keep) == 0 {
+		h.Del("Connection")
+	} else {
+		h["Connection"] = []string{strings.Join(keep, ", ")}
+	}
 }
 
 // modifyResponse is the record step: it runs after the backend answered and
