@@ -29,11 +29,11 @@ import (
 // 503.
 var ErrNoEndpoints = errors.New("balancer: no endpoint available")
 
-// Defaults for the zero values of Options.
+// Defaults for the zero values of Options (documented there).
 const (
-	DefaultEjectBase     = time.Second
-	DefaultEjectMax      = 30 * time.Second
-	DefaultProbeInterval = 250 * time.Millisecond
+	defaultEjectBase     = time.Second
+	defaultEjectMax      = 30 * time.Second
+	defaultProbeInterval = 250 * time.Millisecond
 )
 
 // Options configures a Balancer. Zero values mean the documented defaults.
@@ -118,17 +118,17 @@ func New(opts Options) *Balancer {
 		b.now = time.Now
 	}
 	if b.ejectBase <= 0 {
-		b.ejectBase = DefaultEjectBase
+		b.ejectBase = defaultEjectBase
 	}
 	if b.ejectMax <= 0 {
-		b.ejectMax = DefaultEjectMax
+		b.ejectMax = defaultEjectMax
 	}
 	b.ejectMax = max(b.ejectMax, b.ejectBase)
 	if b.probe == nil {
 		b.probe = dialProbe
 	}
 	if b.probeInterval <= 0 {
-		b.probeInterval = DefaultProbeInterval
+		b.probeInterval = defaultProbeInterval
 	}
 	if b.logger == nil {
 		b.logger = slog.New(slog.DiscardHandler)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -336,15 +337,19 @@ func TestConcurrentPicksDuringUpdates(t *testing.T) {
 				}
 			})
 
+			// Each goroutine runs until it has made 1000 successful picks:
+			// some generations have no eligible endpoint (b ejected, a fenced),
+			// and a goroutine may run entirely inside one of them, but the
+			// updater keeps cycling back to sets with eligible endpoints.
 			var pickers sync.WaitGroup
-			var picked atomic.Int64
 			for g := range 8 {
 				pickers.Go(func() {
 					var prev *balancer.Endpoint
-					for i := range 2000 {
+					for picked := 0; picked < 1000; {
 						e, err := b.Pick(prev)
 						if err != nil {
-							continue // possible: the set may momentarily be only prev, or all ejected
+							runtime.Gosched() // let the updater move on
+							continue
 						}
 						if e == prev {
 							t.Errorf("goroutine %d: Pick returned the excluded endpoint %s", g, e)
@@ -353,7 +358,7 @@ func TestConcurrentPicksDuringUpdates(t *testing.T) {
 							t.Errorf("goroutine %d: Pick returned a fenced endpoint", g)
 						}
 						e.Begin()
-						if i%4 == 0 {
+						if picked%4 == 0 {
 							e.AddSessions(1)
 							e.AddSessions(-1)
 						}
@@ -361,7 +366,7 @@ func TestConcurrentPicksDuringUpdates(t *testing.T) {
 						_ = b.Endpoints()
 						e.End()
 						prev = e
-						picked.Add(1)
+						picked++
 					}
 				})
 			}
@@ -369,9 +374,6 @@ func TestConcurrentPicksDuringUpdates(t *testing.T) {
 			cancel()
 			updater.Wait()
 
-			if picked.Load() == 0 {
-				t.Fatal("no pick succeeded")
-			}
 			for _, e := range b.Endpoints() {
 				if e.Inflight() != 0 || e.Sessions() != 0 {
 					t.Errorf("%s: inflight %d, sessions %d after all requests ended, want 0, 0", e.ID, e.Inflight(), e.Sessions())

@@ -13,7 +13,9 @@ import (
 // A Balancer keeps the same *Endpoint for an ID across Update calls, so the
 // load counters survive endpoint-set rebuilds and callers may hold the pointer
 // for the length of a request or a session. ID and URL never change after
-// creation; everything else is safe for concurrent use.
+// creation; everything else is safe for concurrent use. A zero Endpoint with
+// ID and URL set is usable on its own (Ready, no load), which is handy for
+// tests of code that takes an *Endpoint.
 type Endpoint struct {
 	// ID is the discovery identity (pod UID plus address, or the static URL).
 	ID string

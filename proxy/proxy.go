@@ -418,6 +418,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 		if x.rec.Reinits > 0 && isEventStream(resp) {
 			resp.Body = newEventIDTagger(resp.Body, x.rec.Reinits)
+			// Tagging lengthens the body: its length is no longer known.
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
 		}
 	}
 	return nil

@@ -52,7 +52,10 @@ func backendEventID(clientID string, gen uint32) (id string, ok bool) {
 	}
 	rest, tagged := strings.CutPrefix(clientID, eventIDTagPrefix)
 	if !tagged {
-		return clientID, gen == 0
+		if gen != 0 {
+			return "", false
+		}
+		return clientID, true
 	}
 	genStr, orig, found := strings.Cut(rest, ".")
 	if !found {

@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestClassify(t *testing.T) {
+	type result struct {
+		Kind      Kind
+		Method    string
+		ID        string
+		Batch     bool
+		SessionID string
+		Status    int // 0 = accepted
+	}
+	tests := []struct {
+		name   string
+		method string
+		sid    string
+		body   string
+		want   result
+	}{
+		{"request", "POST", "s1", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`,
+			result{Kind: KindRequest, Method: "tools/call", ID: "1", SessionID: "s1"}},
+		{"string id", "POST", "s1", `{"jsonrpc":"2.0","id":"a-1","method":"ping"}`,
+			result{Kind: KindRequest, Method: "ping", ID: `"a-1"`, SessionID: "s1"}},
+		{"initialize", "POST", "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}`,
+			result{Kind: KindInitialize, Method: "initialize", ID: "0"}},
+		{"initialize with a session id is still initialize", "POST", "old", `{"jsonrpc":"2.0","id":0,"method":"initialize"}`,
+			result{Kind: KindInitialize, Method: "initialize", ID: "0", SessionID: "old"}},
+		{"notification", "POST", "s1", `{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+			result{Kind: KindNotification, Method: "notifications/initialized", SessionID: "s1"}},
+		{"notification with null id", "POST", "s1", `{"jsonrpc":"2.0","id":null,"method":"notifications/cancelled"}`,
+			result{Kind: KindNotification, Method: "notifications/cancelled", SessionID: "s1"}},
+		{"response", "POST", "s1", `{"jsonrpc":"2.0","id":5,"result":{"roots":[]}}`,
+			result{Kind: KindResponse, SessionID: "s1"}},
+		{"error response", "POST", "s1", `{"jsonrpc":"2.0","id":5,"error":{"code":-1,"message":"no"}}`,
+			result{Kind: KindResponse, SessionID: "s1"}},
+		{"batch of requests", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","method":"notifications/x"}]`,
+			result{Kind: KindRequest, Method: "tools/list", Batch: true, SessionID: "s1"}},
+		{"batch holding initialize", "POST", "", `[{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":1,"method":"initialize"}]`,
+			result{Kind: KindInitialize, Method: "initialize", Batch: true}},
+		{"batch of notifications", "POST", "s1", `[{"jsonrpc":"2.0","method":"notifications/a"},{"jsonrpc":"2.0","method":"notifications/b"}]`,
+			result{Kind: KindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
+		{"batch of responses", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"result":{}}]`,
+			result{Kind: KindResponse, Batch: true, SessionID: "s1"}},
+		{"batch of responses and notifications", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","method":"notifications/a"}]`,
+			result{Kind: KindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
+		{"GET stream", "GET", "s1", "", result{Kind: KindStream, SessionID: "s1"}},
+		{"GET without session", "GET", "", "", result{Kind: KindStream}},
+		{"DELETE", "DELETE", "s1", "", result{Kind: KindDelete, SessionID: "s1"}},
+		{"OPTIONS", "OPTIONS", "", "", result{Kind: KindOther}},
+		{"whitespace around", "POST", "", " \n\t{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n", result{Kind: KindRequest, Method: "ping", ID: "1"}},
+
+		{"empty", "POST", "", ``, result{Status: 400}},
+		{"not json", "POST", "", `jsonrpc`, result{Status: 400}},
+		{"truncated", "POST", "", `{"jsonrpc":"2.0","id":1,"method":"ping"`, result{Status: 400}},
+		{"trailing garbage", "POST", "", `{"jsonrpc":"2.0","id":1,"method":"ping"} x`, result{Status: 400}},
+		{"no version", "POST", "", `{"id":1,"method":"ping"}`, result{Status: 400}},
+		{"empty method", "POST", "", `{"jsonrpc":"2.0","id":1,"method":""}`, result{Status: 400}},
+		{"object id", "POST", "", `{"jsonrpc":"2.0","id":{},"method":"ping"}`, result{Status: 400}},
+		{"response without id", "POST", "", `{"jsonrpc":"2.0","result":{}}`, result{Status: 400}},
+		{"result and error", "POST", "", `{"jsonrpc":"2.0","id":1,"result":{},"error":{}}`, result{Status: 400}},
+		{"array of numbers", "POST", "", `[1,2]`, result{Status: 400}},
+		{"empty batch", "POST", "", `[]`, result{Status: 400}},
+		{"a string", "POST", "", `"hello"`, result{Status: 400}},
+		{"bad session id", "POST", "bad\x7fid", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, result{Status: 400}},
+		{"session id too long", "GET", strings.Repeat("a", 257), "", result{Status: 400}},
+		{"session id at the limit", "GET", strings.Repeat("a", 256), "", result{Kind: KindStream, SessionID: strings.Repeat("a", 256)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(tt.method, "/mcp", strings.NewReader(tt.body))
+			if tt.sid != "" {
+				r.Header.Set("Mcp-Session-Id", tt.sid)
+			}
+			c, rerr := classify(r, 1<<20)
+			var got result
+			if rerr != nil {
+				got.Status = rerr.status
+			} else {
+				got = result{Kind: c.Kind, Method: c.Method, ID: string(c.ID), Batch: c.Batch, SessionID: c.SessionID}
+				if tt.method == "POST" && string(c.Body) != tt.body {
+					t.Errorf("body not kept: %q", c.Body)
+				}
+			}
+			if diff := cmp.Diff(got, tt.want); diff != "" {
+				t.Errorf("classify (-got +want):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestClassifyBodyLimit(t *testing.T) {
+	body := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+	for _, tt := range []struct {
+		name    string
+		limit   int64
+		chunked bool
+		want    int
+	}{
+		{"exactly the limit", int64(len(body)), false, 0},
+		{"one byte over", int64(len(body)) - 1, false, 413},
+		{"chunked, exactly the limit", int64(len(body)), true, 0},
+		{"chunked, one byte over", int64(len(body)) - 1, true, 413},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
+			if tt.chunked {
+				r.ContentLength = -1
+			}
+			_, rerr := classify(r, tt.limit)
+			got := 0
+			if rerr != nil {
+				got = rerr.status
+			}
+			if got != tt.want {
+				t.Errorf("status %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestClassifyDuplicateSessionHeader(t *testing.T) {
+	r := httptest.NewRequest("GET", "/mcp", nil)
+	r.Header.Add("Mcp-Session-Id", "a")
+	r.Header.Add("Mcp-Session-Id", "b")
+	if _, rerr := classify(r, 1024); rerr == nil || rerr.status != 400 {
+		t.Errorf("two session ids accepted: %v", rerr)
+	}
+}
+
+// FuzzClassify: the classifier never panics, and whatever it accepts is
+// valid JSON whose kind agrees with its shape.
+func FuzzClassify(f *testing.F) {
+	for _, seed := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":"x","result":{}}`,
+		`[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"}]`,
+		`[]`, `{}`, `[`, `null`, `"x"`, `{"jsonrpc":"2.0","id":1e400,"method":"a"}`,
+		`{"jsonrpc":"2.0","id":[1],"method":"a"}`, "\xff\xfe",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
+		c, rerr := classify(r, 1<<16)
+		if rerr != nil {
+			if rerr.status != http.StatusBadRequest && rerr.status != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d", rerr.status)
+			}
+			return
+		}
+		if !json.Valid([]byte(body)) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		if c.Kind > KindResponse {
+			t.Fatalf("POST classified as %v", c.Kind)
+		}
+		if (c.Kind == KindRequest || c.Kind == KindInitialize || c.Kind == KindNotification) && c.Method == "" {
+			t.Fatalf("%v without a method: %q", c.Kind, body)
+		}
+	})
+}
