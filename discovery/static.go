@@ -42,7 +42,11 @@ func NewStatic(rawURLs []string) (*Static, error) {
 
 // ParseBackendURL validates one backend base URL.
 func ParseBackendURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
+	raw = strings.TrimSpace(raw)
+	if !strings.Contains(raw, "://") {
+		return nil, fmt.Errorf("backend %q: want an absolute URL with a scheme, such as http://127.0.0.1:9001", raw)
+	}
+	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("backend %q: %w", raw, err)
 	}

@@ -52,7 +52,14 @@ func defaultConfig() config {
 func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("tether serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// Errors come back as one line; the flag list is printed for -h only.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tether serve [flags]")
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address (HTTP/1.1 and h2c)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address: /healthz /readyz")
 	fs.Func("backends", "comma-separated static backend base URLs (standalone mode)", func(s string) error {

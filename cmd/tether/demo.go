@@ -394,7 +394,7 @@ func counters(bs []*mcpbackend.Backend, f func(*mcpbackend.Backend) int64) int64
 	return n
 }
 
-func initializes(b *mcpbackend.Backend) int64 { return b.Initializes.Load() }
+func initializes(b *mcpbackend.Backend) int64  { return b.Initializes.Load() }
 func initializeds(b *mcpbackend.Backend) int64 { return b.Initialized.Load() }
 
 // run is the demonstration proper, steps 2 to 5 (step 1 is startDemo).

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseServeFlags(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	base := defaultConfig()
+	base.Backends = []string{"http://127.0.0.1:9001"}
+	with := func(f func(*config)) config { c := base; f(&c); return c }
+
+	tests := []struct {
+		name    string
+		args    []string
+		env     func(string) string
+		want    config
+		wantErr string
+	}{
+		{"defaults", []string{"--backends", "http://127.0.0.1:9001"}, env(), base, ""},
+		{"env sets", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_SESSION_TTL", "5m", "TETHER_BALANCER", "random"),
+			with(func(c *config) { c.SessionTTL = 5 * time.Minute; c.Balancer = "random" }), ""},
+		{"flag beats env", []string{"--balancer", "round-robin", "--max-body", "1024"},
+			env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_BALANCER", "random", "TETHER_MAX_BODY", "99"),
+			with(func(c *config) { c.Balancer = "round-robin"; c.MaxBody = 1024 }), ""},
+		{"list with spaces", []string{"--backends", " http://127.0.0.1:9001 , http://127.0.0.1:9002,"}, env(),
+			with(func(c *config) { c.Backends = []string{"http://127.0.0.1:9001", "http://127.0.0.1:9002"} }), ""},
+		{"all flags", []string{"--backends", "http://127.0.0.1:9001", "--listen", "0.0.0.0:8080", "--admin-listen", "127.0.0.1:0",
+			"--shutdown-grace", "3s", "--backend-h2c", "--log-format", "json", "--log-level", "debug"}, env(),
+			with(func(c *config) {
+				c.Listen, c.AdminListen, c.ShutdownGrace, c.BackendH2C, c.LogFormat, c.LogLevel = "0.0.0.0:8080", "127.0.0.1:0", 3*time.Second, true, "json", "debug"
+			}), ""},
+
+		{"no backends", nil, env(), config{}, "no backends"},
+		{"both sources", []string{"--backends", "http://127.0.0.1:9001", "--k8s-service", "ns/svc"}, env(), config{}, "mutually exclusive"},
+		{"unknown balancer", []string{"--backends", "http://127.0.0.1:9001", "--balancer", "fastest"}, env(), config{}, `--balancer "fastest"`},
+		{"bad duration in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_SESSION_TTL", "forever"), config{}, "TETHER_SESSION_TTL"},
+		{"negative ttl", []string{"--backends", "http://127.0.0.1:9001", "--session-ttl", "-1s"}, env(), config{}, "--session-ttl"},
+		{"zero max body", []string{"--backends", "http://127.0.0.1:9001", "--max-body", "0"}, env(), config{}, "--max-body"},
+		{"bad backend scheme", []string{"--backends", "ftp://127.0.0.1:9001"}, env(), config{}, "scheme"},
+		{"backend without host", []string{"--backends", "http://"}, env(), config{}, "missing host"},
+		{"bad listen", []string{"--backends", "http://127.0.0.1:9001", "--listen", "7480"}, env(), config{}, "--listen"},
+		{"bad log level", []string{"--backends", "http://127.0.0.1:9001", "--log-level", "loud"}, env(), config{}, "--log-level"},
+		{"unknown flag", []string{"--nope"}, env(), config{}, "flag provided but not defined"},
+		{"stray argument", []string{"--backends", "http://127.0.0.1:9001", "extra"}, env(), config{}, "unexpected argument"},
+		{"k8s port without service", []string{"--backends", "http://127.0.0.1:9001", "--k8s-port", "http"}, env(), config{}, "need --k8s-service"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseServeFlags(tt.args, tt.env, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), "\n") {
+					t.Errorf("error is not one line: %q", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(got, tt.want); diff != "" {
+				t.Errorf("config (-got +want):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for flag, want := range map[string]string{"listen": "TETHER_LISTEN", "admin-listen": "TETHER_ADMIN_LISTEN", "k8s-service": "TETHER_K8S_SERVICE"} {
+		if got := envName(flag); got != want {
+			t.Errorf("envName(%q) = %q, want %q", flag, got, want)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-mcp/tether/discovery"
+)
+
+// TestMain lets the test binary stand in for the tether binary, so that
+// process-level behaviour (signals, exit codes) is tested without a build.
+func TestMain(m *testing.M) {
+	if os.Getenv("TETHER_TEST_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// SIGTERM-equivalent: readiness goes off, the listener closes, an in-flight
+// request finishes, an SSE stream is ended at the grace deadline, and run
+// returns cleanly.
+func TestGracefulShutdown(t *testing.T) {
+	reached := make(chan string, 2)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		switch r.Method {
+		case http.MethodPost:
+			reached <- "post"
+			time.Sleep(300 * time.Millisecond) // a tool call still running at SIGTERM
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+		case http.MethodGet:
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, ": open\n\n")
+			w.(http.Flusher).Flush()
+			reached <- "get"
+			<-r.Context().Done() // a stream that never ends by itself
+		}
+	}))
+	defer backend.Close()
+
+	cfg := defaultConfig()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Backends = []string{backend.URL}
+	cfg.ShutdownGrace = time.Second
+	s, err := newServer(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := discovery.NewStatic(cfg.Backends)
+	ctx, stop := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.run(ctx, src) }()
+
+	clientURL := "http://" + s.clientLn.Addr().String() + "/mcp"
+	readyURL := "http://" + s.adminLn.Addr().String() + "/readyz"
+	waitFor(t, "ready", func() bool { return status(readyURL) == 200 })
+
+	postDone := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(clientURL, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}`))
+		if err != nil {
+			postDone <- -1
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		postDone <- resp.StatusCode
+	}()
+	streamDone := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, clientURL, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			streamDone <- err
+			return
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		streamDone <- fmt.Errorf("stream ended: %v", err)
+	}()
+	<-reached
+	<-reached
+
+	stop() // what SIGTERM does through signal.NotifyContext
+
+	waitFor(t, "readiness off", func() bool { return status(readyURL) != 200 })
+	waitFor(t, "listener closed", func() bool {
+		c, err := net.Dial("tcp", s.clientLn.Addr().String())
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	if code := <-postDone; code != 200 {
+		t.Errorf("in-flight request finished with %d, want 200", code)
+	}
+	select {
+	case <-streamDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("SSE stream still open long after the grace period")
+	}
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return")
+	}
+}
+
+// The real process: SIGTERM ends it with status 0; bad flags end it with a
+// one-line error and status 1.
+func TestProcessSignalsAndExitCodes(t *testing.T) {
+	backend := httptest.NewServer(http.NotFoundHandler())
+	defer backend.Close()
+	admin := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "serve", "--backends", backend.URL, "--listen", "127.0.0.1:0", "--admin-listen", admin, "--shutdown-grace", "2s")
+	cmd.Env = append(os.Environ(), "TETHER_TEST_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "process ready", func() bool { return status("http://"+admin+"/readyz") == 200 })
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+	}
+
+	bad := exec.Command(os.Args[0], "serve", "--balancer", "nope", "--backends", backend.URL)
+	bad.Env = append(os.Environ(), "TETHER_TEST_MAIN=1")
+	out, err := bad.CombinedOutput()
+	if exitErr, ok := err.(*exec.ExitError); !ok || exitErr.ExitCode() != 1 {
+		t.Fatalf("bad flag: %v, want exit status 1", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "tether: --balancer") {
+		t.Errorf("bad flag output %q, want one line", out)
+	}
+}
+
+func status(url string) int {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return -1
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// waitFor polls cond (bounded: 10 s) — used for states reached through
+// another goroutine or process, never to assert timing.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
