@@ -245,9 +245,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		x.retry, x.retryErr = "", nil
 
-		x.ep.Begin()
+		// A GET stream is an idle channel for server messages, not work in
+		// flight: counting it would add a constant per session to the load.
+		counted := x.class.Kind != KindStream
+		if counted {
+			x.ep.Begin()
+		}
 		p.rp.ServeHTTP(w, out)
-		x.ep.End()
+		if counted {
+			x.ep.End()
+		}
 
 		if x.retry == "" {
 			return

@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`.
+GO ?= go
+
+.PHONY: demo test check unit conformance bench fuzz build
+
+demo:
+	$(GO) run ./cmd/tether demo
+
+# Everything CI runs: static checks, the race-enabled test suite, and the
+# MCP conformance suite directly and through tether.
+test: check unit conformance
+
+check:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+conformance:
+	bash hack/conformance.sh
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./balancer/ ./session/ ./proxy/
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./proxy/
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether

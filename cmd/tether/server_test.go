@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tether-mcp/tether/discovery"
+)
+
+// startServer runs tether on ephemeral loopback ports in front of backends.
+func startServer(t *testing.T, backends ...string) *server {
+	t.Helper()
+	cfg := defaultConfig()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Backends = backends
+	s, err := newServer(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := discovery.NewStatic(backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx, src) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitFor(t, "ready", func() bool { return status("http://"+s.adminLn.Addr().String()+"/readyz") == 200 })
+	return s
+}
+
+func pingBackend(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// The client listener speaks HTTP/2 without TLS to clients that know it
+// (prior knowledge), and never upgrades an HTTP/1.1 connection.
+func TestClientListenerH2CPriorKnowledgeOnly(t *testing.T) {
+	s := startServer(t, pingBackend(t).URL)
+	addr := s.clientLn.Addr().String()
+
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: &protos, TLSClientConfig: &tls.Config{}}}
+	resp, err := h2c.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Errorf("h2c prior knowledge: %s %s, want HTTP/2.0 200", resp.Proto, resp.Status)
+	}
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+	fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	r, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 200 || r.ProtoMajor != 1 {
+		t.Errorf("Upgrade: h2c answered %s %s, want HTTP/1.1 200 (no upgrade)", r.Proto, r.Status)
+	}
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	s := startServer(t, pingBackend(t).URL)
+	admin := "http://" + s.adminLn.Addr().String()
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/nope": 404} {
+		if got := status(admin + path); got != want {
+			t.Errorf("GET %s: %d, want %d", path, got, want)
+		}
+	}
+}
