@@ -241,3 +241,41 @@ func TestConcurrentRequestsShareOneReinit(t *testing.T) {
 }
 
 var _ = http.StatusOK
+
+// The go-sdk client reconnects its GET stream 1–2 s after it breaks, and
+// any non-2xx answer to that GET ends its session for good: failover must
+// work when that GET is the first request after the backend died.
+func TestStreamReconnectIsFirstRequestAfterBackendDies(t *testing.T) {
+	h := newHarness(t, harnessOptions{backends: 2})
+	ctx := testContext(t)
+	cs := h.connect(ctx)
+	defer cs.Close()
+	home, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.backend(home).Kill(50 * time.Millisecond)
+
+	// No call is made: only the client's own stream reconnect reaches tether.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec, err := h.store.Get(ctx, cs.ID())
+		if err != nil {
+			t.Fatalf("record gone: %v", err)
+		}
+		if rec.Reinits == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client's stream reconnect did not re-initialize the session")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatalf("call after the stream moved: %v", err)
+	}
+	if got == home {
+		t.Errorf("answered by the dead backend %s", got)
+	}
+}

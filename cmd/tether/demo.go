@@ -58,10 +58,10 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, error) {
 	o := demoOptions{Sessions: 30, Backends: 3, Balancer: "p2c", Calls: 5}
 	fs := flag.NewFlagSet("tether demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.Sessions, "sessions", o.Sessions, "client sessions (1-1000)")
+	fs.IntVar(&o.Sessions, "sessions", o.Sessions, "client sessions (1-200)")
 	fs.IntVar(&o.Backends, "backends", o.Backends, "in-process MCP backends (2-20); the busiest one is killed")
 	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
-	fs.IntVar(&o.Calls, "calls", o.Calls, "whoami calls per session before and after the kill (1-100)")
+	fs.IntVar(&o.Calls, "calls", o.Calls, "whoami calls per session before and after the kill (1-20)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -75,12 +75,12 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, error) {
 // a few seconds long.
 func (o demoOptions) validate() error {
 	switch {
-	case o.Sessions < 1 || o.Sessions > 1000:
-		return fmt.Errorf("demo: --sessions must be 1 to 1000, got %d", o.Sessions)
+	case o.Sessions < 1 || o.Sessions > 200:
+		return fmt.Errorf("demo: --sessions must be 1 to 200, got %d", o.Sessions)
 	case o.Backends < 2 || o.Backends > 20:
 		return fmt.Errorf("demo: --backends must be 2 to 20 (one is killed), got %d", o.Backends)
-	case o.Calls < 1 || o.Calls > 100:
-		return fmt.Errorf("demo: --calls must be 1 to 100, got %d", o.Calls)
+	case o.Calls < 1 || o.Calls > 20:
+		return fmt.Errorf("demo: --calls must be 1 to 20, got %d", o.Calls)
 	case !slices.Contains(balancer.PickerNames, o.Balancer):
 		return fmt.Errorf("demo: --balancer %q: want one of %s", o.Balancer, strings.Join(balancer.PickerNames, ", "))
 	}

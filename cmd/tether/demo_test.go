@@ -66,12 +66,12 @@ func TestDemoFlags(t *testing.T) {
 		args []string
 		want string // in the error
 	}{
-		{[]string{"--sessions", "0"}, "--sessions must be 1 to 1000, got 0"},
-		{[]string{"--sessions", "1001"}, "--sessions must be 1 to 1000"},
+		{[]string{"--sessions", "0"}, "--sessions must be 1 to 200, got 0"},
+		{[]string{"--sessions", "201"}, "--sessions must be 1 to 200"},
 		{[]string{"--backends", "1"}, "--backends must be 2 to 20"},
 		{[]string{"--backends", "21"}, "--backends must be 2 to 20"},
-		{[]string{"--calls", "0"}, "--calls must be 1 to 100"},
-		{[]string{"--calls", "-3"}, "--calls must be 1 to 100"},
+		{[]string{"--calls", "0"}, "--calls must be 1 to 20"},
+		{[]string{"--calls", "-3"}, "--calls must be 1 to 20"},
 		{[]string{"--balancer", "fastest"}, `--balancer "fastest": want one of p2c,`},
 		{[]string{"--sessions", "many"}, "invalid value"},
 		{[]string{"--verbose"}, "not defined"},
