@@ -80,7 +80,7 @@ for (const backend of backends) {
   for (const r of RUNS) {
     res[r.key] = load(path.join(outDir, backend, r.key), backend);
     for (const list of res[r.key].scenarios.values()) for (const { name, check } of list) all[r.key].set(name, check);
-    if (res[r.key].scenarios.size === 0 || res[r.key].broken.length) unusable = true;
+    if (res[r.key].scenarios.size === 0) unusable = true;
   }
   const names = [...new Set([...res.direct.scenarios.keys(), ...res["via-tether"].scenarios.keys()])];
   const width = Math.max(...names.map((s) => s.length), 8);
@@ -96,6 +96,10 @@ for (const backend of backends) {
     });
     const mark = cells[0] === cells[1] ? " " : "≠";
     console.log(` ${mark} ${s.padEnd(width)}  ${cells[0].padEnd(9)}  ${cells[1]}`);
+  }
+  for (const [r, o] of [RUNS, [...RUNS].reverse()]) {
+    const missing = [...res[o.key].scenarios.keys()].filter((s) => !res[r.key].scenarios.has(s));
+    if (missing.length) console.log(`   no result ${r.label} (run timed out or crashed?): ${missing.join(", ")}`);
   }
   for (const r of RUNS) {
     const t = tally([...res[r.key].scenarios.values()].flat());
@@ -131,9 +135,9 @@ if (same) {
     if (!only.length) continue;
     console.log(`\n  ${only.length} pass ${here.label} but not ${there.label}:`);
     for (const k of only) {
+      const c = all[there.key].get(k);
       console.log(`  ✗ ${k}`);
-      console.log(`    ${here.label}:\n${show(all[here.key].get(k))}`);
-      console.log(`    ${there.label}:\n${show(all[there.key].get(k))}`);
+      console.log(c ? `    ${there.label}:\n${show(c)}` : `    ${there.label}: no such check (its scenario has no result or did not get that far)`);
     }
   }
 }
