@@ -172,7 +172,10 @@ func startDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*d
 	select {
 	case <-synced.synced:
 	case err := <-d.tetherDone:
-		d.tetherDone <- err // for stop
+		if err == nil {
+			err = errors.New("stopped before it knew its backends")
+		}
+		d.tetherDone <- nil // for stop
 		d.stop()
 		return nil, fmt.Errorf("demo: tether: %w", err)
 	case <-ctx.Done():
@@ -184,7 +187,7 @@ func startDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*d
 	d.client = mcp.NewClient(&mcp.Implementation{Name: "tether-demo", Version: version}, nil)
 
 	fmt.Fprintln(d.out, "1. start the backends and tether")
-	w := 6 // len("tether")
+	w := len("tether")
 	for _, b := range d.backends {
 		w = max(w, len(b.Name))
 	}
