@@ -155,4 +155,3 @@ func (c config) validate() error {
 	}
 	return nil
 }
-

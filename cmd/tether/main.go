@@ -14,8 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/tether-mcp/tether/discovery"
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
@@ -73,7 +71,7 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
-	source, err := discovery.NewStatic(cfg.Backends)
+	source, err := newSource(cfg, log)
 	if err != nil {
 		return err
 	}
