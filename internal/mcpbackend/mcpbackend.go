@@ -29,8 +29,10 @@ type Backend struct {
 	Initialized atomic.Int64 // notifications/initialized received
 	Calls       atomic.Int64 // tools/call handled
 
-	mu  sync.Mutex
-	srv *http.Server
+	mu     sync.Mutex
+	srv    *http.Server
+	server *mcp.Server
+	fresh  map[net.Conn]bool // connections that have not carried a request yet
 }
 
 // WhoamiOutput is the structured result of the whoami tool.
@@ -67,9 +69,10 @@ func (b *Backend) listen(addr string) error {
 		return fmt.Errorf("backend %s: %w", b.Name, err)
 	}
 	b.Addr = ln.Addr().String()
-	srv := &http.Server{Handler: b.handler(), ReadHeaderTimeout: 10 * time.Second}
+	handler, server := b.handler()
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ConnState: b.trackConn}
 	b.mu.Lock()
-	b.srv = srv
+	b.srv, b.server, b.fresh = srv, server, map[net.Conn]bool{}
 	b.mu.Unlock()
 	go srv.Serve(ln)
 	return nil
@@ -77,7 +80,20 @@ func (b *Backend) listen(addr string) error {
 
 // handler builds a fresh MCP server: a restart loses every session, as a
 // restarted pod does.
-func (b *Backend) handler() http.Handler {
+func (b *Backend) trackConn(c net.Conn, st http.ConnState) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.fresh == nil {
+		return
+	}
+	if st == http.StateNew {
+		b.fresh[c] = true
+	} else {
+		delete(b.fresh, c)
+	}
+}
+
+func (b *Backend) handler() (http.Handler, *mcp.Server) {
 	server := mcp.NewServer(&mcp.Implementation{Name: b.Name, Version: "1.0.0"}, &mcp.ServerOptions{
 		InitializedHandler: func(context.Context, *mcp.InitializedRequest) { b.Initialized.Add(1) },
 	})
@@ -105,24 +121,39 @@ func (b *Backend) handler() http.Handler {
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		h.ServeHTTP(w, r)
-	})
+	}), server
 }
 
 // Kill stops the backend the way a terminating pod stops: the listener
-// closes (new connections are refused), requests in flight get up to grace
-// to finish, then every connection, SSE streams included, is cut.
+// closes (new connections are refused), idle connections close, requests in
+// flight get up to grace to finish, then every connection, SSE streams
+// included, is cut and the MCP sessions end.
+//
+// Connections that never carried a request are closed at once, like idle
+// ones. (http.Server.Shutdown leaves them open for 5 s in case a request is
+// arriving, and then cuts them when the grace period ends — at exactly the
+// moment a client resumes, which makes a test's kill race the client's
+// connection pool rather than test what happens to sessions.)
 func (b *Backend) Kill(grace time.Duration) {
 	b.mu.Lock()
-	srv := b.srv
-	b.srv = nil
+	srv, server, fresh := b.srv, b.server, b.fresh
+	b.srv, b.server, b.fresh = nil, nil, nil
 	b.mu.Unlock()
 	if srv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	for c := range fresh {
+		c.Close()
+	}
+	if err := <-done; err != nil {
 		srv.Close()
+	}
+	for ss := range server.Sessions() {
+		ss.Close()
 	}
 }
 
