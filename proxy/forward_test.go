@@ -256,3 +256,33 @@ func TestUnknownSessionEndsClientSession(t *testing.T) {
 }
 
 var _ = context.Background
+
+// An initialize that arrives with a session id starts a new session: the id
+// is not forwarded, and the backend's new id creates the record.
+func TestInitializeWithSessionIDIsNew(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if got := r.Header.Get("Mcp-Session-Id"); got != "" {
+			t.Errorf("backend received session id %q with initialize", got)
+		}
+		w.Header().Set("Mcp-Session-Id", "fresh-session")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-03-26"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	h := newStaticHarness(t, srv.URL)
+	// A 2025-03-26 batch holding initialize is a new session too.
+	resp := h.post("stale-session", `[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}]`)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := resp.Header.Get("Mcp-Session-Id"); got != "fresh-session" {
+		t.Errorf("client got session id %q", got)
+	}
+	rec, err := h.store.Get(t.Context(), "fresh-session")
+	if err != nil {
+		t.Fatalf("no record for the new session: %v", err)
+	}
+	if string(rec.Init) != `[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}]` {
+		t.Errorf("record keeps initialize body %q", rec.Init)
+	}
+}
