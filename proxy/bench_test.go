@@ -76,8 +76,7 @@ func BenchmarkFollowUp(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer backend.Close()
-	front := startTether(b, backend.URL())
-	defer front.Close()
+	front := newTether(b, []string{backend.URL()}, harnessOptions{}).front
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 	directURL, tetherURL := backend.URL()+"/mcp", front.URL+"/mcp"
@@ -102,24 +101,6 @@ func BenchmarkFollowUp(b *testing.B) {
 	b.ReportMetric(float64(direct.Nanoseconds())/float64(b.N), "direct-ns/req")
 	b.ReportMetric(float64(through.Nanoseconds())/float64(b.N), "tether-ns/req")
 	b.ReportMetric(float64(through)/float64(direct), "tether/direct")
-}
-
-func startTether(tb testing.TB, urls ...string) *httptest.Server {
-	picker, _ := balancer.NewPicker("p2c", nil)
-	bal := balancer.New(balancer.Options{Picker: picker})
-	src, err := discovery.NewStatic(urls)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tb.Cleanup(cancel)
-	synced := make(chan struct{})
-	go src.Run(ctx, func(s discovery.Snapshot) { bal.Update(s); close(synced) })
-	<-synced
-	store := session.NewMemory(session.MemoryOptions{})
-	tb.Cleanup(func() { store.Close() })
-	p := proxy.New(proxy.Config{Balancer: bal, Store: store, Logger: slog.New(slog.DiscardHandler)})
-	return httptest.NewServer(p)
 }
 
 // cannedTransport answers every request from memory, so that a benchmark

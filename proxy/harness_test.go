@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,7 +23,7 @@ import (
 
 // harness is tether in front of real go-sdk MCP backends, on loopback.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	backends []*mcpbackend.Backend
 	bal      *balancer.Balancer
 	store    *session.Memory
@@ -64,7 +63,7 @@ func newStaticHarness(t *testing.T, urls ...string) *harness {
 	return newTether(t, urls, harnessOptions{})
 }
 
-func newTether(t *testing.T, urls []string, o harnessOptions) *harness {
+func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	t.Helper()
 	if o.picker == "" {
 		o.picker = "p2c"
@@ -75,7 +74,7 @@ func newTether(t *testing.T, urls []string, o harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
+	if _, isBench := t.(*testing.B); testing.Verbose() && !isBench {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	h.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, ProbeInterval: 50 * time.Millisecond, EjectBase: 100 * time.Millisecond})
@@ -159,22 +158,7 @@ func (h *harness) connect(ctx context.Context) *mcp.ClientSession {
 
 // whoami calls the whoami tool and returns the backend's name.
 func whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-	if err != nil {
-		return "", err
-	}
-	if res.IsError {
-		return "", fmt.Errorf("tool error: %v", res.Content)
-	}
-	raw, err := json.Marshal(res.StructuredContent)
-	if err != nil {
-		return "", err
-	}
-	var out mcpbackend.WhoamiOutput
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return "", err
-	}
-	return out.Backend, nil
+	return mcpbackend.Whoami(ctx, cs)
 }
 
 func (h *harness) backend(name string) *mcpbackend.Backend {

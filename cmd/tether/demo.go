@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -344,7 +343,7 @@ func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 				return // never connected: counted in the phase that tried
 			}
 			for c := range d.opts.Calls {
-				got, err := whoami(ctx, cs)
+				got, err := mcpbackend.Whoami(ctx, cs)
 				if err != nil {
 					p.errs[i] = fmt.Errorf("session %d: call %d: %w", i+1, c+1, err)
 					return
@@ -362,30 +361,6 @@ func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 	}
 	wg.Wait()
 	return p
-}
-
-// whoami calls the whoami tool and returns the name of the backend that
-// answered.
-func whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-	if err != nil {
-		return "", err
-	}
-	if res.IsError {
-		return "", fmt.Errorf("tool error: %v", res.Content)
-	}
-	raw, err := json.Marshal(res.StructuredContent)
-	if err != nil {
-		return "", err
-	}
-	var out mcpbackend.WhoamiOutput
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return "", err
-	}
-	if out.Backend == "" {
-		return "", errors.New("whoami named no backend")
-	}
-	return out.Backend, nil
 }
 
 // counters sums a backend counter over backends.

@@ -7,6 +7,7 @@ package mcpbackend
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -183,3 +184,27 @@ func (b *Backend) Alive() bool {
 
 // ErrStopped is returned by helpers when a backend is not running.
 var ErrStopped = errors.New("backend stopped")
+
+// Whoami calls a backend's whoami tool through cs and returns the name of
+// the backend that answered.
+func Whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
+	if err != nil {
+		return "", err
+	}
+	if res.IsError {
+		return "", fmt.Errorf("tool error: %v", res.Content)
+	}
+	raw, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		return "", err
+	}
+	var out WhoamiOutput
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return "", err
+	}
+	if out.Backend == "" {
+		return "", errors.New("whoami named no backend")
+	}
+	return out.Backend, nil
+}
