@@ -199,6 +199,16 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 
 	ep, ok := p.bal.Lookup(rec.BackendID)
 	alive := ok && !ep.Ejected()
+	if !alive {
+		// A cached record may be stale: another replica may already have
+		// moved the session. Ask the authority before deciding anything.
+		if fresh, err := p.store.Reload(ctx, rec.ClientSID); err == nil && fresh.Version != rec.Version {
+			rec = fresh
+			x.rec, x.backendSID = rec, rec.BackendSID
+			ep, ok = p.bal.Lookup(rec.BackendID)
+			alive = ok && !ep.Ejected()
+		}
+	}
 	if x.class.Kind == KindDelete {
 		if !alive {
 			// Nothing is left to end on the backend; the session ends here.
@@ -486,6 +496,11 @@ func (p *Proxy) failReinit(w http.ResponseWriter, x *exchange, err error) {
 		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "no backend available to re-initialize the session")
 	case errors.Is(err, session.ErrNotFound):
 		writeJSONRPCError(w, http.StatusNotFound, nil, codeSessionNotFound, "session not found")
+	case errors.Is(err, session.ErrUnavailable):
+		// A move must be agreed in the shared store; until it answers, the
+		// session waits rather than split across two backends.
+		w.Header().Set("Retry-After", "1")
+		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "session store unavailable; cannot re-initialize the session now")
 	default:
 		writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "session re-initialization failed")
 	}

@@ -93,7 +93,7 @@ type singleflightResult struct {
 // moveSession re-initializes the session on a new backend: pick, replay
 // initialize, send notifications/initialized, swap the record.
 func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc replayContext) (*session.Record, error) {
-	cur, err := p.store.Get(ctx, stale.ClientSID)
+	cur, err := p.store.Reload(ctx, stale.ClientSID)
 	if err != nil {
 		return nil, err
 	}

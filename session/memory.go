@@ -182,6 +182,11 @@ func (m *Memory) Get(_ context.Context, clientSID string) (*Record, error) {
 	return r, nil
 }
 
+// Reload is Get: the memory store is its own authority.
+func (m *Memory) Reload(ctx context.Context, clientSID string) (*Record, error) {
+	return m.Get(ctx, clientSID)
+}
+
 // Create stores a copy of r (see Store.Create). A replaced record, live or
 // expired, is handed to OnExpire.
 func (m *Memory) Create(_ context.Context, r *Record) error {

@@ -86,6 +86,10 @@ type Store interface {
 	// Get returns the record for clientSID, or ErrNotFound if it is absent
 	// or expired. The record is shared and must not be modified.
 	Get(ctx context.Context, clientSID string) (*Record, error)
+	// Reload is Get from the authoritative copy, bypassing any local cache:
+	// a replica about to re-initialize a session first checks that no other
+	// replica has already moved it.
+	Reload(ctx context.Context, clientSID string) (*Record, error)
 	// Create stores a copy of r with Version 1 and LastUsed set to the
 	// store's clock; r itself is not modified and may be reused. An existing
 	// record with the same ClientSID is replaced: a backend that mints an id
