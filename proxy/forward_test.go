@@ -101,7 +101,7 @@ func TestStatelessRequestsArePickedPerRequest(t *testing.T) {
 			t.Errorf("backend %d got %d requests, want 10 (round-robin)", i, n)
 		}
 	}
-	if n := h.store.Len(); n != 0 {
+	if n := h.mem.Len(); n != 0 {
 		t.Errorf("%d session records created by stateless requests", n)
 	}
 }

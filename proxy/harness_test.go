@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/proxy"
 	"github.com/tether-mcp/tether/session"
 )
@@ -26,7 +28,9 @@ type harness struct {
 	t        testing.TB
 	backends []*mcpbackend.Backend
 	bal      *balancer.Balancer
-	store    *session.Memory
+	store    session.Store
+	mem      *session.Memory // the store, when it is the memory store
+	cache    *session.Cache  // the store, when it is Redis behind a cache
 	proxy    *proxy.Proxy
 	front    *httptest.Server
 }
@@ -35,6 +39,12 @@ type harnessOptions struct {
 	backends int
 	picker   string
 	maxBody  int64
+	redis    *redistest.Server // share this Redis instead of the memory store
+	// redisTimeout is the call budget for Redis (default 200ms: the race
+	// detector on 2 cores is slow).
+	redisTimeout time.Duration
+	hook         redis.Hook // observes every Redis command, when set
+	loadSync     time.Duration
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -89,9 +99,30 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	<-synced
 	go h.bal.Run(ctx)
 
-	h.store = session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnExpire: func(r *session.Record) { h.proxy.SessionExpired(r) }})
+	if o.redis == nil {
+		h.mem = session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnExpire: func(r *session.Record) { h.proxy.SessionExpired(r) }})
+		h.store = h.mem
+	} else {
+		if o.redisTimeout == 0 {
+			o.redisTimeout = 200 * time.Millisecond
+		}
+		opt, err := redis.ParseURL(o.redis.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := session.NewRedisClient(opt, o.redisTimeout)
+		if o.hook != nil {
+			client.AddHook(o.hook)
+		}
+		shared := session.NewRedis(session.RedisOptions{Client: client, Timeout: o.redisTimeout})
+		h.cache = session.NewCache(session.CacheOptions{Shared: shared, Logger: log})
+		h.store = h.cache
+	}
 	t.Cleanup(func() { h.store.Close() })
 	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody})
+	if o.loadSync > 0 {
+		go h.proxy.RunLoadSync(ctx, o.loadSync)
+	}
 	h.front = httptest.NewServer(h.proxy)
 	t.Cleanup(h.front.Close)
 	return h

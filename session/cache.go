@@ -126,7 +126,7 @@ func NewCache(opts CacheOptions) *Cache {
 	c.wg.Add(3)
 	go func() { defer c.wg.Done(); c.touchLoop(ctx) }()
 	go func() { defer c.wg.Done(); c.shared.Invalidations(ctx, c.invalidate) }()
-	go func() { defer c.wg.Done(); c.recoveryLoop(ctx) }()
+	go func() { defer c.wg.Done(); c.healthLoop(ctx) }()
 	return c
 }
 
@@ -143,6 +143,9 @@ func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
 }
 
 func (c *Cache) invalidate(sid string) { c.shard(sid).Remove(sid) }
+
+// Invalidate drops the cached copy of a session; the next use reads Redis.
+func (c *Cache) Invalidate(clientSID string) { c.invalidate(clientSID) }
 
 // alive reports whether a cached entry's session is still within its idle
 // TTL as this replica has seen it used.
@@ -413,10 +416,13 @@ func (c *Cache) markDegraded(err error) {
 	}
 }
 
-// recoveryLoop probes Redis while degraded; when it answers, the records
-// kept meanwhile are written and the cache leaves degraded mode.
-func (c *Cache) recoveryLoop(ctx context.Context) {
-	t := time.NewTicker(250 * time.Millisecond)
+// healthLoop pings Redis (every second while healthy, so an outage shows
+// even when every request is a cache hit; four times a second while
+// degraded); when Redis answers again, the records kept meanwhile are
+// written and the cache leaves degraded mode.
+func (c *Cache) healthLoop(ctx context.Context) {
+	const healthyEvery, degradedEvery = time.Second, 250 * time.Millisecond
+	t := time.NewTimer(healthyEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -424,19 +430,26 @@ func (c *Cache) recoveryLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !c.degraded.Load() || c.shared.Ping(ctx) != nil {
+		if !c.degraded.Load() {
+			if err := c.shared.Ping(ctx); err != nil && ctx.Err() == nil {
+				c.markDegraded(err)
+				t.Reset(degradedEvery)
+			} else {
+				t.Reset(healthyEvery)
+			}
 			continue
 		}
-		if err := c.flushPending(ctx); err != nil {
+		t.Reset(degradedEvery)
+		if c.shared.Ping(ctx) != nil || c.flushPending(ctx) != nil {
 			continue
 		}
 		c.degraded.Store(false)
 		c.log.Info("session store recovered: Redis reachable again")
 		c.onDegraded(false)
-		// Records written while degraded may have been replaced by the
-		// flush; a change announced during the outage was missed. Entries
-		// re-read themselves after MaxStale; a re-initialization always
-		// re-reads first (Reload).
+		t.Reset(healthyEvery)
+		// A change announced by another replica during the outage was
+		// missed: entries re-read themselves after MaxStale, and a
+		// re-initialization always re-reads first (Reload).
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/proxy"
@@ -25,6 +27,14 @@ type config struct {
 	K8sPort       string
 	Kubeconfig    string
 	RedisURL      string
+	RedisPrefix   string
+	RedisTimeout  time.Duration
+	RedisCA       string
+	SessionMaxAge time.Duration
+	CacheSize     int
+	// RedisPassword comes from TETHER_REDIS_PASSWORD only: a secret on the
+	// command line is visible to every process on the host.
+	RedisPassword string
 	SessionTTL    time.Duration
 	Balancer      string
 	MaxBody       int64
@@ -44,6 +54,9 @@ func defaultConfig() config {
 		ShutdownGrace: 25 * time.Second,
 		LogFormat:     "text",
 		LogLevel:      "info",
+		RedisPrefix:   "tether:",
+		RedisTimeout:  50 * time.Millisecond,
+		CacheSize:     100000,
 	}
 }
 
@@ -70,7 +83,12 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.K8sPort, "k8s-port", "", "port NAME or NUMBER of the EndpointSlices (default: the only one)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, then $KUBECONFIG)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "redis:// or rediss:// URL of the shared session store (default: in-memory)")
+	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", cfg.RedisPrefix, "prefix of tether's Redis keys")
+	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", cfg.RedisTimeout, "budget of one Redis call; a slower Redis counts as down")
+	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "PEM file of the CA that signed the Redis server's certificate (rediss://)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "idle TTL of a session record")
+	fs.DurationVar(&cfg.SessionMaxAge, "session-max-age", 0, "absolute cap on a session record's life (0: none)")
+	fs.IntVar(&cfg.CacheSize, "session-cache-size", cfg.CacheSize, "session records cached locally in front of Redis")
 	fs.StringVar(&cfg.Balancer, "balancer", cfg.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
 	fs.Int64Var(&cfg.MaxBody, "max-body", cfg.MaxBody, "largest accepted POST body in bytes (larger: 413)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
@@ -94,6 +112,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -123,12 +142,16 @@ func (c config) validate() error {
 		return errors.New("--backends and --k8s-service are mutually exclusive")
 	case len(c.Backends) == 0 && c.K8sService == "":
 		return errors.New("no backends: set --backends (standalone) or --k8s-service (Kubernetes)")
-	case c.K8sService != "":
-		return errors.New("--k8s-service: EndpointSlice discovery is not available in this build yet")
-	case c.K8sPort != "" || c.Kubeconfig != "":
+	case c.K8sService == "" && (c.K8sPort != "" || c.Kubeconfig != ""):
 		return errors.New("--k8s-port and --kubeconfig need --k8s-service")
-	case c.RedisURL != "":
-		return errors.New("--redis-url: the Redis session store is not available in this build yet")
+	case c.RedisURL == "" && c.RedisCA != "":
+		return errors.New("--redis-ca needs --redis-url")
+	case c.RedisTimeout <= 0:
+		return fmt.Errorf("--redis-timeout must be positive, got %s", c.RedisTimeout)
+	case c.SessionMaxAge < 0:
+		return fmt.Errorf("--session-max-age must not be negative, got %s", c.SessionMaxAge)
+	case c.CacheSize <= 0:
+		return fmt.Errorf("--session-cache-size must be positive, got %d", c.CacheSize)
 	case c.SessionTTL <= 0:
 		return fmt.Errorf("--session-ttl must be positive, got %s", c.SessionTTL)
 	case c.MaxBody <= 0:
@@ -146,6 +169,19 @@ func (c config) validate() error {
 	for _, addr := range []struct{ flag, value string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(addr.value); err != nil {
 			return fmt.Errorf("%s %q: %v", addr.flag, addr.value, err)
+		}
+	}
+	if c.K8sService != "" {
+		if _, err := discovery.ParseServiceRef(c.K8sService); err != nil {
+			return err
+		}
+		if _, err := discovery.ParsePortSelector(c.K8sPort); err != nil {
+			return err
+		}
+	}
+	if c.RedisURL != "" {
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			return fmt.Errorf("--redis-url: %v", err)
 		}
 	}
 	for _, b := range c.Backends {

@@ -42,7 +42,19 @@ func TestParseServeFlags(t *testing.T) {
 				c.Listen, c.AdminListen, c.ShutdownGrace, c.BackendH2C, c.LogFormat, c.LogLevel = "0.0.0.0:8080", "127.0.0.1:0", 3*time.Second, true, "json", "debug"
 			}), ""},
 
+		{"redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "rediss://redis.example:6380/2", "--redis-prefix", "t1:",
+			"--session-max-age", "24h", "--session-cache-size", "500", "--redis-timeout", "20ms"},
+			env("TETHER_REDIS_PASSWORD", "s3cret"),
+			with(func(c *config) {
+				c.RedisURL, c.RedisPrefix, c.SessionMaxAge, c.CacheSize, c.RedisTimeout = "rediss://redis.example:6380/2", "t1:", 24*time.Hour, 500, 20*time.Millisecond
+				c.RedisPassword = "s3cret"
+			}), ""},
+
 		{"no backends", nil, env(), config{}, "no backends"},
+		{"bad redis url", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "http://x"}, env(), config{}, "--redis-url"},
+		{"redis ca without redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-ca", "/ca.pem"}, env(), config{}, "--redis-ca needs --redis-url"},
+		{"zero cache", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "0"}, env(), config{}, "--session-cache-size"},
+		{"negative max age", []string{"--backends", "http://127.0.0.1:9001", "--session-max-age", "-1h"}, env(), config{}, "--session-max-age"},
 		{"both sources", []string{"--backends", "http://127.0.0.1:9001", "--k8s-service", "ns/svc"}, env(), config{}, "mutually exclusive"},
 		{"unknown balancer", []string{"--backends", "http://127.0.0.1:9001", "--balancer", "fastest"}, env(), config{}, `--balancer "fastest"`},
 		{"bad duration in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_SESSION_TTL", "forever"), config{}, "TETHER_SESSION_TTL"},

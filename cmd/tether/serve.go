@@ -61,11 +61,10 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	}
 	s := &server{cfg: cfg, log: log}
 	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log})
-	mem := session.NewMemory(session.MemoryOptions{
-		TTL:      cfg.SessionTTL,
-		OnExpire: func(r *session.Record) { s.proxy.SessionExpired(r) },
-	})
-	s.store = mem
+	s.store, err = newStore(cfg, log, func(r *session.Record) { s.proxy.SessionExpired(r) })
+	if err != nil {
+		return nil, err
+	}
 	s.proxy = proxy.New(proxy.Config{
 		Balancer:  s.bal,
 		Store:     s.store,
@@ -94,12 +93,12 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	}
 
 	if s.clientLn, err = net.Listen("tcp", cfg.Listen); err != nil {
-		mem.Close()
+		s.store.Close()
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
 	if s.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		s.clientLn.Close()
-		mem.Close()
+		s.store.Close()
 		return nil, fmt.Errorf("--admin-listen: %w", err)
 	}
 	return s, nil
@@ -139,6 +138,7 @@ func (s *server) run(ctx context.Context, source discovery.Source) error {
 		})
 	}()
 	go s.bal.Run(bgCtx)
+	go s.proxy.RunLoadSync(bgCtx, time.Second)
 
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- s.client.Serve(s.clientLn) }()

@@ -3,11 +3,31 @@ package main
 import (
 	"log/slog"
 
+	"k8s.io/klog/v2"
+
 	"github.com/tether-mcp/tether/discovery"
 )
 
 // newSource builds the endpoint source the configuration names: a static
 // list (--backends) or a Service's EndpointSlices (--k8s-service).
 func newSource(cfg config, log *slog.Logger) (discovery.Source, error) {
-	return discovery.NewStatic(cfg.Backends)
+	if cfg.K8sService == "" {
+		return discovery.NewStatic(cfg.Backends)
+	}
+	svc, err := discovery.ParseServiceRef(cfg.K8sService)
+	if err != nil {
+		return nil, err
+	}
+	port, err := discovery.ParsePortSelector(cfg.K8sPort)
+	if err != nil {
+		return nil, err
+	}
+	// client-go logs through klog; send it to tether's log instead of raw
+	// stderr lines.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	client, err := discovery.KubeClient(cfg.Kubeconfig, "tether/"+version)
+	if err != nil {
+		return nil, err
+	}
+	return discovery.NewKubernetes(discovery.KubernetesOptions{Client: client, Service: svc, Port: port, Logger: log})
 }

@@ -208,3 +208,18 @@ func Whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
 	}
 	return out.Backend, nil
 }
+
+// LiveSessions counts the MCP sessions the backend holds now.
+func (b *Backend) LiveSessions() int {
+	b.mu.Lock()
+	server := b.server
+	b.mu.Unlock()
+	if server == nil {
+		return 0
+	}
+	n := 0
+	for range server.Sessions() {
+		n++
+	}
+	return n
+}

@@ -1,0 +1,92 @@
+package discovery
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeKubeconfig(t *testing.T, server string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	content := `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "` + server + `"}}]
+users: [{name: u, user: {token: secret}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: mcp}}]
+current-context: x
+`
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestRESTConfigOrder(t *testing.T) {
+	// Not in a cluster, and no ~/.kube/config.
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	t.Setenv("HOME", t.TempDir())
+	env := writeKubeconfig(t, "https://from-env.example:6443")
+	flag := writeKubeconfig(t, "https://from-flag.example:6443")
+
+	t.Run("explicit flag wins over $KUBECONFIG", func(t *testing.T) {
+		t.Setenv("KUBECONFIG", env)
+		cfg, err := restConfig(flag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Host != "https://from-flag.example:6443" || cfg.BearerToken != "secret" {
+			t.Errorf("host %q token %q, want the flag's file", cfg.Host, cfg.BearerToken)
+		}
+	})
+	t.Run("$KUBECONFIG outside a cluster", func(t *testing.T) {
+		t.Setenv("KUBECONFIG", env)
+		cfg, err := restConfig("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Host != "https://from-env.example:6443" {
+			t.Errorf("host %q, want $KUBECONFIG's", cfg.Host)
+		}
+	})
+	t.Run("nothing at all", func(t *testing.T) {
+		t.Setenv("KUBECONFIG", "")
+		_, err := restConfig("")
+		if err == nil || !strings.Contains(err.Error(), "not running in a cluster") {
+			t.Errorf("error %v, want one saying there is no configuration", err)
+		}
+	})
+	t.Run("in a cluster without a token falls back to $KUBECONFIG", func(t *testing.T) {
+		t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+		t.Setenv("KUBERNETES_SERVICE_PORT", "443")
+		t.Setenv("KUBECONFIG", env)
+		if _, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token"); err == nil {
+			t.Skip("this machine has a service account token")
+		}
+		cfg, err := restConfig("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Host != "https://from-env.example:6443" {
+			t.Errorf("host %q, want $KUBECONFIG's", cfg.Host)
+		}
+	})
+	t.Run("missing explicit file", func(t *testing.T) {
+		_, err := restConfig(filepath.Join(t.TempDir(), "nope"))
+		if err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
+			t.Errorf("error %v, want one naming --kubeconfig", err)
+		}
+	})
+}
+
+func TestKubeClientUserAgent(t *testing.T) {
+	c, err := KubeClient(writeKubeconfig(t, "https://127.0.0.1:1"), "tether/test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c == nil {
+		t.Fatal("nil client")
+	}
+}
