@@ -226,6 +226,28 @@ func (b *Balancer) Pick(exclude *Endpoint) (*Endpoint, error) {
 	return b.picker.Pick(cands), nil
 }
 
+// PickExplained is Pick for a traced request: it also appends to weighed
+// the candidates the picker compared, with the loads it saw. It is slower
+// than Pick and is used only when tracing is on.
+func (b *Balancer) PickExplained(exclude *Endpoint, weighed []Candidate) (*Endpoint, []Candidate, error) {
+	g := b.current.Load()
+	cands := g.eligible
+	if exclude != nil {
+		if i, ok := g.eligibleIndex[exclude]; ok {
+			cands = g.ring[i+1 : i+len(g.eligible)]
+		}
+	}
+	if len(cands) == 0 {
+		return nil, weighed, ErrNoEndpoints
+	}
+	if ex, ok := b.picker.(explainer); ok {
+		e, weighed := ex.pickExplained(cands, weighed)
+		return e, weighed, nil
+	}
+	e := b.picker.Pick(cands)
+	return e, append(weighed, Candidate{e, e.Load()}), nil
+}
+
 // Lookup finds the endpoint with the given ID in the current set, whatever
 // its state or ejection: a Fenced or ejected endpoint still owns its sessions
 // and the routing layer decides what to do with them.

@@ -59,10 +59,20 @@ type p2c struct {
 }
 
 func (p *p2c) Pick(cands []*Endpoint) *Endpoint {
-	n := len(cands)
-	if n == 1 {
+	if len(cands) == 1 {
 		return cands[0]
 	}
+	first, second := p.sample(cands)
+	// Ties go to the first sample, which is itself uniform, so ties stay fair.
+	if second.Load() < first.Load() {
+		return second
+	}
+	return first
+}
+
+// sample draws two distinct candidates (len(cands) >= 2).
+func (p *p2c) sample(cands []*Endpoint) (first, second *Endpoint) {
+	n := len(cands)
 	// One draw over the n*(n-1) ordered pairs of distinct indices: k names
 	// the first sample i and, among the n-1 other slots, the second; skipping
 	// over i makes the samples distinct without a retry loop. A single draw
@@ -72,12 +82,42 @@ func (p *p2c) Pick(cands []*Endpoint) *Endpoint {
 	if j >= i {
 		j++
 	}
-	first, second := cands[i], cands[j]
-	// Ties go to the first sample, which is itself uniform, so ties stay fair.
-	if second.Load() < first.Load() {
-		return second
+	return cands[i], cands[j]
+}
+
+// pickExplained is Pick reporting the two samples it compared.
+func (p *p2c) pickExplained(cands []*Endpoint, weighed []Candidate) (*Endpoint, []Candidate) {
+	if len(cands) == 1 {
+		return cands[0], append(weighed, Candidate{cands[0], cands[0].Load()})
 	}
-	return first
+	first, second := p.sample(cands)
+	fl, sl := first.Load(), second.Load()
+	weighed = append(weighed, Candidate{first, fl}, Candidate{second, sl})
+	if sl < fl {
+		return second, weighed
+	}
+	return first, weighed
+}
+
+// pickExplained is Pick reporting every candidate it scanned.
+func (l *leastLoaded) pickExplained(cands []*Endpoint, weighed []Candidate) (*Endpoint, []Candidate) {
+	for _, e := range cands {
+		weighed = append(weighed, Candidate{e, e.Load()})
+	}
+	return l.Pick(cands), weighed
+}
+
+// Candidate is an endpoint a picker weighed, with the load it saw.
+type Candidate struct {
+	Endpoint *Endpoint
+	Load     int64
+}
+
+// explainer is a picker that can say which candidates it weighed, for
+// traces. Pickers that weigh nothing (round-robin, random) report only
+// their choice.
+type explainer interface {
+	pickExplained(cands []*Endpoint, weighed []Candidate) (*Endpoint, []Candidate)
 }
 
 // leastLoaded scans every candidate and takes the lowest load. Ties are broken

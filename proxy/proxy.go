@@ -23,10 +23,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/telemetry"
 )
 
 // DefaultMaxBody is the default bound on a POST body (--max-body).
@@ -50,6 +54,14 @@ type Config struct {
 	ReinitTimeout time.Duration
 	Logger        *slog.Logger
 	Now           func() time.Time
+	// Metrics records requests, picks and re-initializations; nil = none.
+	Metrics *telemetry.Metrics
+	// Tracer traces each request and its routing decision; nil = tracing
+	// off, and the request path does no tracing work at all.
+	Tracer trace.Tracer
+	// Propagator carries W3C trace context from the client to the backend;
+	// nil = trace context and baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // Proxy is an http.Handler that routes MCP traffic to backends.
@@ -62,6 +74,11 @@ type Proxy struct {
 	log       *slog.Logger
 	now       func() time.Time
 
+	metrics    *telemetry.Metrics
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+	decisions  *decisionLog
+
 	rp      *httputil.ReverseProxy
 	flights singleflight.Group // one re-initialization per session at a time
 }
@@ -69,13 +86,20 @@ type Proxy struct {
 // New builds a Proxy from cfg.
 func New(cfg Config) *Proxy {
 	p := &Proxy{
-		bal:       cfg.Balancer,
-		store:     cfg.Store,
-		transport: cfg.Transport,
-		maxBody:   cfg.MaxBody,
-		reinitTTL: cfg.ReinitTimeout,
-		log:       cfg.Logger,
-		now:       cfg.Now,
+		bal:        cfg.Balancer,
+		store:      cfg.Store,
+		transport:  cfg.Transport,
+		maxBody:    cfg.MaxBody,
+		reinitTTL:  cfg.ReinitTimeout,
+		log:        cfg.Logger,
+		now:        cfg.Now,
+		metrics:    cfg.Metrics,
+		tracer:     cfg.Tracer,
+		propagator: cfg.Propagator,
+		decisions:  newDecisionLog(100000),
+	}
+	if p.propagator == nil {
+		p.propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	if p.transport == nil {
 		p.transport = NewTransport(false)
@@ -118,11 +142,19 @@ func (p *Proxy) SessionExpired(rec *session.Record) {
 type exchange struct {
 	class      Classification
 	route      Route
-	rec        *session.Record    // the session record (sticky, reinit, delete)
-	ep         *balancer.Endpoint // the backend of the current attempt
-	backendSID string             // the session id the backend knows
-	excluded   *balancer.Endpoint // a backend that failed a dial for this request
-	reinit     string             // reason of the re-initialization done for this request, if any
+	rec        *session.Record      // the session record (sticky, reinit, delete)
+	ep         *balancer.Endpoint   // the backend of the current attempt
+	backendSID string               // the session id the backend knows
+	excluded   *balancer.Endpoint   // a backend that failed a dial for this request
+	reinit     string               // reason of the re-initialization done for this request, if any
+	routed     bool                 // a decision was made (false: refused before routing)
+	store      string               // tether.store.result of the session lookup: hit, miss, error
+	newSID     string               // the session id a new session got
+	weighed    []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
+
+	out   statusRecorder // the client's response writer, remembering the status
+	start time.Time
+	span  trace.Span // the server span; nil when tracing is off
 
 	// Set by the ReverseProxy callbacks for the forward loop.
 	retry    string // why the attempt failed safely and may be retried ("" = done)
@@ -138,6 +170,14 @@ func exchangeFrom(ctx context.Context) *exchange {
 
 // ServeHTTP is the request path: classify → route → forward → record.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{start: time.Now()}
+	x.out.ResponseWriter = w
+	w = &x.out
+	if p.tracer != nil {
+		r = p.startServerSpan(r, x)
+	}
+	defer p.finish(r, x)
+
 	if len(r.TransferEncoding) > 0 {
 		// Go's server accepts Content-Length together with
 		// Transfer-Encoding: chunked and drops the former; whatever follows
@@ -150,6 +190,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stripUpgrade(r.Header)
 
 	class, rerr := classify(r, p.maxBody)
+	x.class = class
 	if rerr != nil {
 		if rerr == errBodyTooLarge {
 			w.Header().Set("Connection", "close") // the rest of the body is unread
@@ -157,22 +198,63 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeRequestError(w, class.ID, rerr)
 		return
 	}
-	x := &exchange{class: class}
-	ctx := r.Context()
+	if !p.route(w, r, x) {
+		return
+	}
+	p.forward(w, r, x)
+}
 
+// route makes the routing decision (traced as tether.route). It reports
+// false when it has already answered the client.
+func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool {
+	var span trace.Span
+	ctx := r.Context()
+	if p.tracer != nil {
+		ctx, span = p.tracer.Start(ctx, "tether.route")
+		defer func() { p.endRouteSpan(span, x) }()
+	}
 	switch {
-	case class.Kind == KindInitialize:
+	case x.class.Kind == KindInitialize:
 		// A new session, even if the client sent a session id with it (the
 		// header is stripped in rewrite).
 		x.route = RouteNew
-	case class.SessionID == "":
+	case x.class.SessionID == "":
 		x.route = RouteStateless
 	default:
-		if !p.routeSession(ctx, w, r, x) {
-			return
+		if !p.routeSession(ctx, w, r.WithContext(ctx), x) {
+			return false
 		}
 	}
-	p.forward(w, r, x)
+	if x.ep == nil && !p.pick(w, x, span) {
+		return false
+	}
+	x.routed = true
+	return true
+}
+
+// pick chooses a backend for a request that has none yet.
+func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
+	start := time.Now()
+	var ep *balancer.Endpoint
+	var err error
+	if span != nil || x.route == RouteNew {
+		// Placements are rare and worth explaining later; other picks are
+		// explained only when traced.
+		ep, x.weighed, err = p.bal.PickExplained(x.excluded, x.weighed[:0])
+		if span != nil {
+			span.SetAttributes(candidatesAttr(x.weighed))
+		}
+	} else {
+		ep, err = p.bal.Pick(x.excluded)
+	}
+	p.metrics.Pick(time.Since(start))
+	if err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "no backend available")
+		return false
+	}
+	x.ep = ep
+	return true
 }
 
 // routeSession routes a request that carries a session id: to the record's
@@ -180,6 +262,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // reports false when it has already answered the client.
 func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http.Request, x *exchange) bool {
 	rec, err := p.store.Get(ctx, x.class.SessionID)
+	switch {
+	case err == nil:
+		x.store = "hit"
+	case errors.Is(err, session.ErrNotFound):
+		x.store = "miss"
+	default:
+		x.store = "error"
+	}
 	if errors.Is(err, session.ErrNotFound) {
 		// The client must re-initialize (MCP: 404 for an unknown session).
 		// "id": null keeps the go-sdk client treating this as the end of the
@@ -244,14 +334,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
 	out := r.WithContext(ctx)
 	for attempt := 1; ; attempt++ {
-		if x.ep == nil {
-			ep, err := p.bal.Pick(x.excluded)
-			if err != nil {
-				w.Header().Set("Retry-After", "1")
-				writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "no backend available")
-				return
-			}
-			x.ep = ep
+		if x.ep == nil && !p.pick(w, x, nil) {
+			return
 		}
 		x.retry, x.retryErr = "", nil
 
@@ -273,6 +357,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			p.log.Warn("giving up on request", "route", x.route.String(), "backend", x.ep.String(), "err", x.retryErr)
 			writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "no backend could take the request")
 			return
+		}
+		if x.span != nil {
+			x.span.AddEvent("tether.retry", trace.WithAttributes(
+				attribute.String("tether.retry.reason", x.retry),
+				attribute.String("tether.backend", x.ep.String())))
 		}
 		failed := x.ep
 		x.ep = nil
@@ -301,6 +390,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 // endSession removes a session record and its count on the backend.
 func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
+	p.decisions.remove(rec.ClientSID)
 	removed, err := p.store.Delete(ctx, rec.ClientSID)
 	if err != nil {
 		if !errors.Is(err, session.ErrNotFound) {
@@ -336,6 +426,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.ContentLength = int64(len(body))
 		pr.Out.TransferEncoding = nil
 		pr.Out.Header.Del("Content-Length") // the transport writes it from ContentLength
+	}
+
+	if x.span != nil {
+		// The backend's spans become children of this request's span.
+		p.propagator.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
 	}
 
 	switch x.route {
@@ -424,6 +519,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			return &storeWriteError{err}
 		}
 		x.ep.AddSessions(1)
+		x.newSID = sid
 	case x.rec != nil:
 		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
 			// Never let the new backend's id leak: clients fail a session

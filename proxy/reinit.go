@@ -14,6 +14,11 @@ import (
 
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/session"
 )
@@ -75,7 +80,9 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 	if res.err != nil {
 		return res.err
 	}
-	rec := res.val.(*session.Record)
+	mv := res.val.(moved)
+	rec := mv.rec
+	x.weighed = mv.weighed
 	ep, ok := p.bal.Lookup(rec.BackendID)
 	if !ok {
 		return fmt.Errorf("re-initialized session's backend %s left the endpoint set", rec.BackendURL)
@@ -90,37 +97,75 @@ type singleflightResult struct {
 	err error
 }
 
+// moved is a re-initialization's outcome, shared by every request that
+// waited for it.
+type moved struct {
+	rec     *session.Record
+	weighed []balancer.Candidate
+}
+
 // moveSession re-initializes the session on a new backend: pick, replay
-// initialize, send notifications/initialized, swap the record.
-func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc replayContext) (*session.Record, error) {
+// initialize, send notifications/initialized, swap the record. It is traced
+// as tether.reinit (one event per step) and counted by reason and result.
+func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc replayContext) (m moved, err error) {
+	var span trace.Span
+	if p.tracer != nil {
+		ctx, span = p.tracer.Start(ctx, "tether.reinit", trace.WithAttributes(
+			attribute.String("mcp.session.id", hashSessionID(stale.ClientSID)),
+			attribute.String("tether.reinit.reason", rc.reason),
+			attribute.String("tether.reinit.from", stale.BackendURL)))
+		defer span.End()
+	}
+	step := func(name string, kv ...attribute.KeyValue) {
+		if span != nil {
+			span.AddEvent(name, trace.WithAttributes(kv...))
+		}
+	}
+	result := "failed"
+	defer func() {
+		p.metrics.Reinit(rc.reason, result)
+		if span != nil {
+			span.SetAttributes(attribute.String("tether.reinit.result", result))
+			if err != nil {
+				span.SetStatus(codes.Error, err.Error())
+			}
+		}
+	}()
+
 	cur, err := p.store.Reload(ctx, stale.ClientSID)
 	if err != nil {
-		return nil, err
+		return m, err
 	}
 	if cur.Version != stale.Version {
 		// Moved by an earlier flight (or another replica) after the caller
 		// read the record: use that move unless it too is already dead.
 		if ep, ok := p.bal.Lookup(cur.BackendID); ok && !ep.Ejected() {
-			return cur, nil
+			result = "adopted"
+			step("adopt", attribute.String("tether.backend", cur.BackendURL))
+			return moved{rec: cur}, nil
 		}
 	}
 	exclude := rc.exclude
 	var lastErr error
 	for range maxAttempts {
-		ep, err := p.bal.Pick(exclude)
+		ep, weighed, err := p.bal.PickExplained(exclude, m.weighed[:0])
+		m.weighed = weighed
 		if err != nil {
-			return nil, err
+			return m, err
 		}
+		step("pick", attribute.String("tether.backend", ep.String()), candidatesAttr(weighed))
 		sid, err := p.replayInitialize(ctx, ep, cur, rc)
 		if err != nil {
 			lastErr = err
+			step("initialize failed", attribute.String("error", err.Error()))
 			if isDialError(err) {
 				p.bal.Eject(ep, err)
 				exclude = ep
 				continue
 			}
-			return nil, fmt.Errorf("replay initialize on %s: %w", ep, err)
+			return m, fmt.Errorf("replay initialize on %s: %w", ep, err)
 		}
+		step("initialized", attribute.String("tether.backend", ep.String()))
 
 		next := cur.Clone()
 		next.BackendID, next.BackendURL, next.BackendSID = ep.ID, ep.String(), sid
@@ -130,17 +175,20 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		if errors.Is(err, session.ErrConflict) && stored != nil {
 			// Someone else moved the session first: adopt their backend and
 			// end the orphan session we just created.
+			step("swap lost", attribute.String("tether.backend", stored.BackendURL))
 			p.deleteBackendSession(ctx, ep, sid, rc)
 			if winner, ok := p.bal.Lookup(stored.BackendID); ok && !winner.Ejected() {
-				return stored, nil
+				result = "adopted"
+				return moved{rec: stored}, nil
 			}
 			cur = stored
 			continue
 		}
 		if err != nil {
 			p.deleteBackendSession(ctx, ep, sid, rc)
-			return nil, fmt.Errorf("swap session record: %w", err)
+			return m, fmt.Errorf("swap session record: %w", err)
 		}
+		step("swapped", attribute.Int64("tether.record.version", int64(stored.Version)))
 		if old, ok := p.bal.Lookup(cur.BackendID); ok {
 			old.AddSessions(-1)
 		}
@@ -151,9 +199,11 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 			"from", cur.BackendURL,
 			"to", stored.BackendURL,
 			"reinits", stored.Reinits)
-		return stored, nil
+		result = "ok"
+		m.rec = stored
+		return m, nil
 	}
-	return nil, fmt.Errorf("no backend accepted the session: %w", lastErr)
+	return m, fmt.Errorf("no backend accepted the session: %w", lastErr)
 }
 
 // replayInitialize sends the session's stored initialize to ep, then
@@ -239,6 +289,9 @@ func (p *Proxy) newBackendRequest(ctx context.Context, method string, ep *balanc
 	req.Host = rc.host
 	for h, v := range rc.header {
 		req.Header[h] = v
+	}
+	if p.tracer != nil {
+		p.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")

@@ -45,6 +45,7 @@ type Redis struct {
 	maxAge  time.Duration
 	timeout time.Duration
 	now     func() time.Time
+	observe func(op string, start time.Time, err *error)
 }
 
 var _ Store = (*Redis)(nil)
@@ -59,6 +60,9 @@ type RedisOptions struct {
 	// 50ms. A store that cannot answer in time is treated as down.
 	Timeout time.Duration
 	Now     func() time.Time // nil = time.Now
+	// Observe is told of every round trip: the operation, its duration, and
+	// its failure (nil for success, not-found and lost compare-and-swap).
+	Observe func(op string, d time.Duration, err error)
 }
 
 // NewRedis returns a store on an existing client.
@@ -75,6 +79,16 @@ func NewRedis(opts RedisOptions) *Redis {
 	}
 	if r.now == nil {
 		r.now = time.Now
+	}
+	r.observe = func(string, time.Time, *error) {}
+	if fn := opts.Observe; fn != nil {
+		r.observe = func(op string, start time.Time, errp *error) {
+			err := *errp
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+				err = nil
+			}
+			fn(op, time.Since(start), err)
+		}
 	}
 	return r
 }
@@ -129,7 +143,8 @@ func unavailable(err error) error {
 }
 
 // Get reads a record in one round trip.
-func (r *Redis) Get(ctx context.Context, clientSID string) (*Record, error) {
+func (r *Redis) Get(ctx context.Context, clientSID string) (_ *Record, err error) {
+	defer r.observe("get", time.Now(), &err)
 	ctx, cancel := r.call(ctx)
 	defer cancel()
 	fields, err := r.client.HGetAll(ctx, r.sessionKey(clientSID)).Result()
@@ -194,10 +209,11 @@ func (r *Redis) Create(ctx context.Context, rec *Record) error {
 	if created.IsZero() {
 		created = now
 	}
-	return r.write(ctx, createScript, rec, created, now, 1)
+	return r.write(ctx, "create", createScript, rec, created, now, 1)
 }
 
-func (r *Redis) write(ctx context.Context, script *redis.Script, rec *Record, created, last time.Time, version uint64) error {
+func (r *Redis) write(ctx context.Context, op string, script *redis.Script, rec *Record, created, last time.Time, version uint64) (err error) {
+	defer r.observe(op, time.Now(), &err)
 	exp := r.expiry(created, last)
 	ttl := exp.Sub(r.now())
 	if ttl <= 0 {
@@ -205,7 +221,7 @@ func (r *Redis) write(ctx context.Context, script *redis.Script, rec *Record, cr
 	}
 	ctx, cancel := r.call(ctx)
 	defer cancel()
-	err := script.Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)},
+	err = script.Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)},
 		r.backendPrefix(), rec.ClientSID, ttl.Milliseconds(),
 		rec.BackendID, rec.BackendURL, rec.BackendSID, rec.Init, rec.ProtocolVersion,
 		created.UnixMilli(), last.UnixMilli(), exp.UnixMilli(), rec.Reinits, version).Err()
@@ -235,7 +251,7 @@ return 1
 // Cache); an existing record in Redis is kept and only refreshed.
 func (r *Redis) Restore(ctx context.Context, rec *Record) error {
 	version := max(rec.Version, 1)
-	return r.write(ctx, restoreScript, rec, rec.Created, rec.LastUsed, version)
+	return r.write(ctx, "restore", restoreScript, rec, rec.Created, rec.LastUsed, version)
 }
 
 // swapScript is the compare-and-swap of a re-initialization.
@@ -265,7 +281,8 @@ return {2, v}
 
 // Swap is the compare-and-swap on Version that lets replicas agree on one
 // re-initialization: the loser gets the winner's record and ErrConflict.
-func (r *Redis) Swap(ctx context.Context, old, next *Record) (*Record, error) {
+func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err error) {
+	defer r.observe("swap", time.Now(), &err)
 	if next.ClientSID != old.ClientSID {
 		return nil, errors.New("session: Swap must keep the ClientSID")
 	}
@@ -338,7 +355,8 @@ return 1
 
 // Touch refreshes the idle TTL in one round trip. Rate limiting is the
 // caller's (see Cache): Redis is written at most once per TTL/10.
-func (r *Redis) Touch(ctx context.Context, clientSID string, now time.Time) error {
+func (r *Redis) Touch(ctx context.Context, clientSID string, now time.Time) (err error) {
+	defer r.observe("touch", time.Now(), &err)
 	ctx, cancel := r.call(ctx)
 	defer cancel()
 	n, err := touchScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
@@ -365,7 +383,8 @@ return all
 `)
 
 // Delete removes a record and returns it.
-func (r *Redis) Delete(ctx context.Context, clientSID string) (*Record, error) {
+func (r *Redis) Delete(ctx context.Context, clientSID string) (_ *Record, err error) {
+	defer r.observe("delete", time.Now(), &err)
 	ctx, cancel := r.call(ctx)
 	defer cancel()
 	res, err := deleteScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
@@ -378,7 +397,8 @@ func (r *Redis) Delete(ctx context.Context, clientSID string) (*Record, error) {
 
 // BackendSessions counts the live sessions of each backend across the
 // fleet, dropping expired members as it goes, in one round trip.
-func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (map[string]int64, error) {
+func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map[string]int64, err error) {
+	defer r.observe("backend_sessions", time.Now(), &err)
 	ctx, cancel := r.call(ctx)
 	defer cancel()
 	now := strconv.FormatInt(r.now().UnixMilli(), 10)
@@ -400,7 +420,8 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (map[s
 }
 
 // Ping checks that Redis answers within the budget.
-func (r *Redis) Ping(ctx context.Context) error {
+func (r *Redis) Ping(ctx context.Context) (err error) {
+	defer r.observe("ping", time.Now(), &err)
 	ctx, cancel := r.call(ctx)
 	defer cancel()
 	return unavailable(r.client.Ping(ctx).Err())

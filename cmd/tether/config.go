@@ -35,11 +35,14 @@ type config struct {
 	// RedisPassword comes from TETHER_REDIS_PASSWORD only: a secret on the
 	// command line is visible to every process on the host.
 	RedisPassword string
+	// getenv reads the OTEL_* variables for the trace exporter.
+	getenv        func(string) string
 	SessionTTL    time.Duration
 	Balancer      string
 	MaxBody       int64
 	ShutdownGrace time.Duration
 	BackendH2C    bool
+	TraceStdout   bool
 	LogFormat     string
 	LogLevel      string
 }
@@ -57,6 +60,7 @@ func defaultConfig() config {
 		RedisPrefix:   "tether:",
 		RedisTimeout:  50 * time.Millisecond,
 		CacheSize:     100000,
+		getenv:        func(string) string { return "" },
 	}
 }
 
@@ -93,6 +97,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.Int64Var(&cfg.MaxBody, "max-body", cfg.MaxBody, "largest accepted POST body in bytes (larger: 413)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
 	fs.BoolVar(&cfg.BackendH2C, "backend-h2c", false, "speak HTTP/2 without TLS (prior knowledge) to backends")
+	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "write trace spans to stdout as JSON (local runs; OTLP is configured with the OTEL_* variables)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text | json")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug | info | warn | error")
 
@@ -113,6 +118,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return cfg, err
 	}
 	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")
+	cfg.getenv = getenv
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}

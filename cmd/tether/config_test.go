@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestParseServeFlags(t *testing.T) {
@@ -83,7 +84,7 @@ func TestParseServeFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(got, tt.want); diff != "" {
+			if diff := cmp.Diff(got, tt.want, cmpopts.IgnoreUnexported(config{})); diff != "" {
 				t.Errorf("config (-got +want):\n%s", diff)
 			}
 		})

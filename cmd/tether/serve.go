@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -16,32 +16,29 @@ import (
 	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/proxy"
 	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/telemetry"
 )
 
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return l, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
-	}
-	return l, nil
-}
+func parseLevel(s string) (slog.Level, error) { return telemetry.ParseLevel(s) }
 
+// newLogger builds the process logger from validated settings.
 func newLogger(w io.Writer, format, level string) *slog.Logger {
-	lvl, _ := parseLevel(level) // validated with the config
-	opts := &slog.HandlerOptions{Level: lvl}
-	if strings.EqualFold(format, "json") {
-		return slog.New(slog.NewJSONHandler(w, opts))
+	log, err := telemetry.NewLogger(w, format, level)
+	if err != nil { // validated with the config; keep a usable logger anyway
+		return slog.New(slog.NewTextHandler(w, nil))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return log
 }
 
 // server is a running tether: client and admin listeners around one proxy.
 type server struct {
-	cfg   config
-	log   *slog.Logger
-	bal   *balancer.Balancer
-	store session.Store
-	proxy *proxy.Proxy
+	cfg     config
+	log     *slog.Logger
+	bal     *balancer.Balancer
+	metrics *telemetry.Metrics
+	tracing *telemetry.Tracing
+	store   session.Store
+	proxy   *proxy.Proxy
 
 	client, admin     *http.Server
 	clientLn, adminLn net.Listener
@@ -61,16 +58,32 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	}
 	s := &server{cfg: cfg, log: log}
 	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log})
-	s.store, err = newStore(cfg, log, func(r *session.Record) { s.proxy.SessionExpired(r) })
+	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
+		Endpoints: s.endpointStats,
+		Store:     s.storeStats,
+	})
+	s.store, err = newStore(cfg, log, s.metrics, func(r *session.Record) { s.proxy.SessionExpired(r) })
 	if err != nil {
 		return nil, err
 	}
+	var traceOut io.Writer
+	if cfg.TraceStdout {
+		traceOut = os.Stdout
+	}
+	s.tracing, err = telemetry.NewTracing(context.Background(), telemetry.TracingOptions{Stdout: traceOut, Getenv: cfg.getenv, Version: version})
+	if err != nil {
+		s.store.Close()
+		return nil, err
+	}
 	s.proxy = proxy.New(proxy.Config{
-		Balancer:  s.bal,
-		Store:     s.store,
-		Transport: proxy.NewTransport(cfg.BackendH2C),
-		MaxBody:   cfg.MaxBody,
-		Logger:    log,
+		Balancer:   s.bal,
+		Store:      s.store,
+		Transport:  proxy.NewTransport(cfg.BackendH2C),
+		MaxBody:    cfg.MaxBody,
+		Logger:     log,
+		Metrics:    s.metrics,
+		Tracer:     s.tracing.Tracer(),
+		Propagator: s.tracing.Propagator,
 	})
 
 	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())
@@ -109,6 +122,7 @@ func (s *server) adminHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
+	mux.Handle("GET /metrics", s.metrics.Handler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !s.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
@@ -143,7 +157,8 @@ func (s *server) run(ctx context.Context, source discovery.Source) error {
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- s.client.Serve(s.clientLn) }()
 	go func() { serveErr <- s.admin.Serve(s.adminLn) }()
-	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(), "balancer", s.cfg.Balancer)
+	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(),
+		"balancer", s.cfg.Balancer, "store", storeName(s.cfg), "tracing", cmpOr(s.tracing.Exporter, "off"))
 
 	select {
 	case <-synced:
@@ -170,6 +185,11 @@ func (s *server) run(ctx context.Context, source discovery.Source) error {
 	stopBackground()
 	if err := s.store.Close(); err != nil {
 		s.log.Warn("session store close", "err", err)
+	}
+	flushCtx, cancelFlush := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelFlush()
+	if err := s.tracing.Shutdown(flushCtx); err != nil {
+		s.log.Warn("trace exporter shutdown", "err", err)
 	}
 	s.log.Info("stopped")
 	return runErr
@@ -205,4 +225,42 @@ func (s *server) shutdown() {
 	adminCtx, cancelAdmin := context.WithTimeout(context.Background(), time.Second)
 	defer cancelAdmin()
 	s.admin.Shutdown(adminCtx)
+}
+
+// endpointStats is the balancer's view for the metrics scrape.
+func (s *server) endpointStats() []telemetry.EndpointStat {
+	eps := s.bal.Endpoints()
+	out := make([]telemetry.EndpointStat, len(eps))
+	for i, e := range eps {
+		state := e.State().String()
+		if e.Ejected() {
+			state = "ejected"
+		}
+		out[i] = telemetry.EndpointStat{ID: e.ID, URL: e.String(), State: state, Sessions: e.Sessions(), Inflight: e.Inflight()}
+	}
+	return out
+}
+
+// storeStats reports the Redis cache's counters (zero for the memory store).
+func (s *server) storeStats() telemetry.StoreStat {
+	c, ok := s.store.(*session.Cache)
+	if !ok {
+		return telemetry.StoreStat{}
+	}
+	st := c.Stats()
+	return telemetry.StoreStat{CacheHits: st.Hits, CacheMisses: st.Misses, Pending: st.Pending, Unwritten: st.Unwritten}
+}
+
+func storeName(cfg config) string {
+	if cfg.RedisURL != "" {
+		return "redis"
+	}
+	return "memory"
+}
+
+func cmpOr(v, fallback string) string {
+	if v == "" {
+		return fallback
+	}
+	return v
 }

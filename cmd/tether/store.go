@@ -13,12 +13,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/telemetry"
 )
 
 // newStore builds the session store: the embedded memory store, or Redis
 // (shared by every replica) behind a local cache. onExpire is the memory
 // store's expiry callback; with Redis, fleet-wide counts replace it.
-func newStore(cfg config, log *slog.Logger, onExpire func(*session.Record)) (session.Store, error) {
+func newStore(cfg config, log *slog.Logger, metrics *telemetry.Metrics, onExpire func(*session.Record)) (session.Store, error) {
 	if cfg.RedisURL == "" {
 		return session.NewMemory(session.MemoryOptions{TTL: cfg.SessionTTL, OnExpire: onExpire}), nil
 	}
@@ -32,6 +33,7 @@ func newStore(cfg config, log *slog.Logger, onExpire func(*session.Record)) (ses
 		TTL:     cfg.SessionTTL,
 		MaxAge:  cfg.SessionMaxAge,
 		Timeout: cfg.RedisTimeout,
+		Observe: metrics.StoreOp,
 	})
 	// Redis being down at start is an outage like any other: tether starts
 	// degraded rather than not at all.
@@ -41,10 +43,11 @@ func newStore(cfg config, log *slog.Logger, onExpire func(*session.Record)) (ses
 		log.Warn("Redis not reachable at start; starting degraded", "addr", opt.Addr, "err", err)
 	}
 	return session.NewCache(session.CacheOptions{
-		Shared: shared,
-		Size:   cfg.CacheSize,
-		TTL:    cfg.SessionTTL,
-		Logger: log,
+		Shared:     shared,
+		Size:       cfg.CacheSize,
+		TTL:        cfg.SessionTTL,
+		Logger:     log,
+		OnDegraded: metrics.StoreDegraded,
 	}), nil
 }
 

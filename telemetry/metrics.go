@@ -1,0 +1,217 @@
+package telemetry
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are tether's Prometheus metrics, on a registry of their own (no
+// global state: two tethers in one test process do not collide).
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	requests        *prometheus.CounterVec
+	requestDuration *prometheus.HistogramVec
+	reinits         *prometheus.CounterVec
+	pickDuration    prometheus.Histogram
+	storeDuration   *prometheus.HistogramVec
+	storeErrors     *prometheus.CounterVec
+	storeDegraded   prometheus.Gauge
+}
+
+// EndpointStat is one endpoint as the metrics see it at scrape time.
+type EndpointStat struct {
+	ID, URL, State    string // State: ready, fenced, ejected
+	Sessions, Inflight int64
+}
+
+// StoreStat is the session store's state at scrape time.
+type StoreStat struct {
+	CacheHits, CacheMisses int64
+	Pending                int   // records kept locally, waiting for Redis
+	Unwritten              int64 // records that could not be kept
+}
+
+// MetricsOptions wires the scrape-time views.
+type MetricsOptions struct {
+	// Endpoints lists the current endpoints (per-backend gauges).
+	Endpoints func() []EndpointStat
+	// Store reports the store's counters; nil for the memory store.
+	Store func() StoreStat
+}
+
+// NewMetrics registers every tether metric plus the Go and process
+// collectors.
+func NewMetrics(opts MetricsOptions) *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_requests_total",
+		Help: "Client requests by routing decision (new, sticky, reinit, stateless, or refused), backend and HTTP status.",
+	}, []string{"route", "backend", "code"})
+	m.requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_request_duration_seconds",
+		Help:    "Time to the end of the response by routing decision (SSE streams included: their whole life).",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"route"})
+	m.reinits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_reinitializations_total",
+		Help: "Transparent session re-initializations by reason (backend_gone, backend_ejected, dial_failed, session_lost) and result (ok, failed, adopted).",
+	}, []string{"reason", "result"})
+	m.pickDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tether_pick_duration_seconds",
+		Help:    "Time the balancer took to choose a backend.",
+		Buckets: []float64{25e-9, 50e-9, 100e-9, 250e-9, 500e-9, 1e-6, 5e-6, 25e-6},
+	})
+	m.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_store_operation_duration_seconds",
+		Help:    "Session store round trips by operation (shared store only; cache hits cost none).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+	}, []string{"op"})
+	m.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_store_errors_total",
+		Help: "Session store operations that failed (timeouts, refused connections), by operation.",
+	}, []string{"op"})
+	m.storeDegraded = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tether_store_degraded",
+		Help: "1 while the shared session store is unreachable and tether serves from its cache.",
+	})
+	m.Registry.MustRegister(m.requests, m.requestDuration, m.reinits, m.pickDuration,
+		m.storeDuration, m.storeErrors, m.storeDegraded,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if opts.Endpoints != nil {
+		m.Registry.MustRegister(&endpointCollector{list: opts.Endpoints})
+	}
+	if opts.Store != nil {
+		m.Registry.MustRegister(&storeCollector{stat: opts.Store})
+	}
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// codes holds the status labels so that counting a request never formats
+// an integer.
+var codes = func() (c [600]string) {
+	for i := range c {
+		c[i] = strconv.Itoa(i)
+	}
+	return c
+}()
+
+func codeLabel(status int) string {
+	if status >= 0 && status < len(codes) {
+		return codes[status]
+	}
+	return "other"
+}
+
+// Request counts one finished client request.
+func (m *Metrics) Request(route, backend string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(route, backend, codeLabel(status)).Inc()
+	m.requestDuration.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// Reinit counts one re-initialization.
+func (m *Metrics) Reinit(reason, result string) {
+	if m == nil {
+		return
+	}
+	m.reinits.WithLabelValues(reason, result).Inc()
+}
+
+// Pick records a balancer decision's duration.
+func (m *Metrics) Pick(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.pickDuration.Observe(d.Seconds())
+}
+
+// StoreOp records one shared-store round trip.
+func (m *Metrics) StoreOp(op string, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.storeDuration.WithLabelValues(op).Observe(d.Seconds())
+	if err != nil {
+		m.storeErrors.WithLabelValues(op).Inc()
+	}
+}
+
+// StoreDegraded sets the degraded gauge.
+func (m *Metrics) StoreDegraded(degraded bool) {
+	if m == nil {
+		return
+	}
+	if degraded {
+		m.storeDegraded.Set(1)
+	} else {
+		m.storeDegraded.Set(0)
+	}
+}
+
+// endpointCollector reads the endpoints at scrape time, so the request path
+// pays nothing for per-backend gauges.
+type endpointCollector struct{ list func() []EndpointStat }
+
+var (
+	sessionsDesc = prometheus.NewDesc("tether_backend_sessions",
+		"Live sessions per backend (fleet-wide with a shared store).", []string{"backend"}, nil)
+	inflightDesc = prometheus.NewDesc("tether_backend_inflight_requests",
+		"Requests in flight per backend (GET streams excluded).", []string{"backend"}, nil)
+	endpointsDesc = prometheus.NewDesc("tether_endpoints",
+		"Endpoints by state: ready (takes new sessions), fenced (terminating: keeps its sessions), ejected (failing dials).", []string{"state"}, nil)
+)
+
+func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sessionsDesc
+	ch <- inflightDesc
+	ch <- endpointsDesc
+}
+
+func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
+	states := map[string]float64{"ready": 0, "fenced": 0, "ejected": 0}
+	for _, e := range c.list() {
+		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(e.Sessions), e.URL)
+		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(e.Inflight), e.URL)
+		states[e.State]++
+	}
+	for state, n := range states {
+		ch <- prometheus.MustNewConstMetric(endpointsDesc, prometheus.GaugeValue, n, state)
+	}
+}
+
+type storeCollector struct{ stat func() StoreStat }
+
+var (
+	cacheHitsDesc   = prometheus.NewDesc("tether_session_cache_hits_total", "Session lookups answered by the local cache.", nil, nil)
+	cacheMissesDesc = prometheus.NewDesc("tether_session_cache_misses_total", "Session lookups that read the shared store.", nil, nil)
+	pendingDesc     = prometheus.NewDesc("tether_store_pending_records", "Session records kept locally during an outage, waiting to be written.", nil, nil)
+	unwrittenDesc   = prometheus.NewDesc("tether_store_unwritten_records_total", "Session records that could not be kept for writing (the pending bound was reached).", nil, nil)
+)
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- cacheHitsDesc
+	ch <- cacheMissesDesc
+	ch <- pendingDesc
+	ch <- unwrittenDesc
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stat()
+	ch <- prometheus.MustNewConstMetric(cacheHitsDesc, prometheus.CounterValue, float64(s.CacheHits))
+	ch <- prometheus.MustNewConstMetric(cacheMissesDesc, prometheus.CounterValue, float64(s.CacheMisses))
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(s.Pending))
+	ch <- prometheus.MustNewConstMetric(unwrittenDesc, prometheus.CounterValue, float64(s.Unwritten))
+}
