@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"hash/maphash"
@@ -16,8 +17,10 @@ import (
 // what keeps tether routing while Redis is unreachable.
 //
 // Reads are served from the cache (no Redis command on a hit); an entry is
-// re-read from Redis when another replica announces a change (pub/sub) or,
-// in case such an announcement was missed, once it is older than MaxStale.
+// re-read from Redis when another replica announces a change (pub/sub),
+// after the subscription was lost and re-established (announcements may
+// have been missed meanwhile), and, as a last resort, once older than
+// MaxStale.
 // Idle-TTL refreshes are written asynchronously, at most once per TTL/10
 // per session, so a follow-up request costs a small fraction of a Redis
 // command on average.
@@ -38,8 +41,12 @@ type Cache struct {
 	log      *slog.Logger
 
 	degraded   atomic.Bool
+	transition sync.Mutex // orders degraded transitions with their callbacks
 	onDegraded func(bool)
-	touches    chan string
+	// staleBefore: entries loaded before this Unix ns are re-read on use
+	// (set when the invalidation subscription was re-established).
+	staleBefore atomic.Int64
+	touches     chan string
 
 	pendMu     sync.Mutex
 	pending    map[string]*Record // kept locally, not yet in Redis
@@ -65,7 +72,7 @@ type CacheOptions struct {
 	Shared     *Redis        // required
 	Size       int           // entries kept, default 100000
 	TTL        time.Duration // the sessions' idle TTL (the shared store's), default 1h
-	MaxStale   time.Duration // re-read an entry older than this, default 30s
+	MaxStale   time.Duration // re-read an entry older than this, default TTL/10
 	MaxPending int           // records kept for writing during an outage, default Size
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -102,7 +109,10 @@ func NewCache(opts CacheOptions) *Cache {
 		c.ttl = time.Hour
 	}
 	if c.maxStale <= 0 {
-		c.maxStale = 30 * time.Second
+		// Changes arrive by pub/sub; this only bounds the damage of one
+		// missed without a disconnect. With TTL/10, a session re-read costs
+		// no more than its TTL refreshes.
+		c.maxStale = c.ttl / 10
 	}
 	if c.maxPending <= 0 {
 		c.maxPending = size
@@ -125,7 +135,10 @@ func NewCache(opts CacheOptions) *Cache {
 	c.stop = cancel
 	c.wg.Add(3)
 	go func() { defer c.wg.Done(); c.touchLoop(ctx) }()
-	go func() { defer c.wg.Done(); c.shared.Invalidations(ctx, c.invalidate) }()
+	go func() {
+		defer c.wg.Done()
+		c.shared.Invalidations(ctx, c.invalidate, func() { c.staleBefore.Store(c.now().UnixNano()) })
+	}()
 	go func() { defer c.wg.Done(); c.healthLoop(ctx) }()
 	return c
 }
@@ -137,7 +150,9 @@ func (c *Cache) shard(sid string) *lru.Cache[string, *cacheEntry] {
 func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
 	e := &cacheEntry{rec: rec, loadedAt: now.UnixNano()}
 	e.lastUsed.Store(now.UnixNano())
-	e.touched.Store(now.UnixNano())
+	// Redis's idle TTL runs from the record's LastUsed, not from when this
+	// replica read it: re-reads (every MaxStale) must not postpone refreshes.
+	e.touched.Store(rec.LastUsed.UnixNano())
 	c.shard(rec.ClientSID).Add(rec.ClientSID, e)
 	return e
 }
@@ -161,7 +176,7 @@ func (c *Cache) Get(ctx context.Context, clientSID string) (*Record, error) {
 	if ok && !c.alive(e, now) {
 		ok = false
 	}
-	if ok && (now.UnixNano()-e.loadedAt < c.maxStale.Nanoseconds() || c.degraded.Load()) {
+	if ok && ((now.UnixNano()-e.loadedAt < c.maxStale.Nanoseconds() && e.loadedAt >= c.staleBefore.Load()) || c.degraded.Load()) {
 		c.hits.Add(1)
 		return e.rec, nil
 	}
@@ -235,6 +250,7 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 	}
 	now := c.now()
 	stored := r.Clone()
+	stored.Init = bytes.Clone(r.Init) // the caller may reuse its buffer
 	stored.Version = 1
 	stored.LastUsed = now.Truncate(time.Millisecond).UTC()
 	if stored.Created.IsZero() {
@@ -289,6 +305,9 @@ func (c *Cache) Touch(_ context.Context, clientSID string, now time.Time) error 
 	e, ok := c.shard(clientSID).Peek(clientSID)
 	if !ok {
 		return nil // not cached: nothing is known here to refresh
+	}
+	if !c.alive(e, now) {
+		return ErrNotFound // idle past the TTL: a Touch never revives a session
 	}
 	ns := now.UnixNano()
 	e.lastUsed.Store(ns)
@@ -410,6 +429,13 @@ func (c *Cache) flushOne(ctx context.Context, sid string) error {
 }
 
 func (c *Cache) markDegraded(err error) {
+	// Only an unreachable Redis degrades the cache, not a caller's mistake
+	// or a caller that gave up (cancelled context).
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) {
+		return
+	}
+	c.transition.Lock()
+	defer c.transition.Unlock()
 	if c.degraded.CompareAndSwap(false, true) {
 		c.log.Warn("session store degraded: Redis unreachable; serving cached sessions, keeping new ones locally", "err", err)
 		c.onDegraded(true)
@@ -434,21 +460,27 @@ func (c *Cache) healthLoop(ctx context.Context) {
 			if err := c.shared.Ping(ctx); err != nil && ctx.Err() == nil {
 				c.markDegraded(err)
 				t.Reset(degradedEvery)
-			} else {
-				t.Reset(healthyEvery)
+				continue
 			}
+			// A record created while the last outage was ending may still
+			// be waiting.
+			c.flushPending(ctx)
+			t.Reset(healthyEvery)
 			continue
 		}
 		t.Reset(degradedEvery)
 		if c.shared.Ping(ctx) != nil || c.flushPending(ctx) != nil {
 			continue
 		}
-		c.degraded.Store(false)
-		c.log.Info("session store recovered: Redis reachable again")
-		c.onDegraded(false)
+		c.transition.Lock()
+		if c.degraded.CompareAndSwap(true, false) {
+			c.log.Info("session store recovered: Redis reachable again")
+			c.onDegraded(false)
+		}
+		c.transition.Unlock()
 		t.Reset(healthyEvery)
-		// A change announced by another replica during the outage was
-		// missed: entries re-read themselves after MaxStale, and a
+		// Changes announced by other replicas during the outage were
+		// missed: the resubscription marks every entry for a re-read, and a
 		// re-initialization always re-reads first (Reload).
 	}
 }

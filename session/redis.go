@@ -139,7 +139,7 @@ func unavailable(err error) error {
 	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
 		return err
 	}
-	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", ErrUnavailable, err) // the cause too: Cache tells a cancelled caller from an outage
 }
 
 // Get reads a record in one round trip.
@@ -429,12 +429,14 @@ func (r *Redis) Ping(ctx context.Context) (err error) {
 
 // Invalidations calls fn with the id of every record another replica
 // changed (re-initialized or deleted), until ctx ends. go-redis resubscribes
-// after a disconnect; messages sent meanwhile are lost, which the cache's
-// staleness bound covers.
-func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string)) {
+// after a disconnect; messages sent meanwhile are lost, so resubscribed is
+// called after every subscription but the first, for the caller to distrust
+// what it cached.
+func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func()) {
 	ps := r.client.Subscribe(ctx, r.channel())
 	defer ps.Close()
-	ch := ps.Channel()
+	ch := ps.ChannelWithSubscriptions()
+	subscriptions := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -443,7 +445,16 @@ func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string)) {
 			if !ok {
 				return
 			}
-			fn(msg.Payload)
+			switch m := msg.(type) {
+			case *redis.Message:
+				fn(m.Payload)
+			case *redis.Subscription:
+				if m.Kind == "subscribe" {
+					if subscriptions++; subscriptions > 1 {
+						resubscribed()
+					}
+				}
+			}
 		}
 	}
 }
