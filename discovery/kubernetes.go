@@ -159,13 +159,16 @@ func newSliceTracker(service ServiceRef, log *slog.Logger) *sliceTracker {
 func (t *sliceTracker) OnAdd(obj any, _ bool)  { t.set(obj) }
 func (t *sliceTracker) OnUpdate(_, newObj any) { t.set(newObj) }
 func (t *sliceTracker) OnDelete(obj any)       { t.remove(obj) }
-func (t *sliceTracker) notify()                { trySend(t.changed) }
-func trySend(c chan struct{}) {
+
+// notify signals changed without blocking: a pending signal already covers
+// this change.
+func (t *sliceTracker) notify() {
 	select {
-	case c <- struct{}{}:
+	case t.changed <- struct{}{}:
 	default:
 	}
 }
+
 func (t *sliceTracker) belongs(s *discoveryv1.EndpointSlice) bool {
 	return s.Namespace == t.service.Namespace && s.Labels[discoveryv1.LabelServiceName] == t.service.Name
 }

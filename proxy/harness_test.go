@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/discovery"
@@ -21,6 +22,7 @@ import (
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/proxy"
 	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/telemetry"
 )
 
 // harness is tether in front of real go-sdk MCP backends, on loopback.
@@ -33,6 +35,7 @@ type harness struct {
 	cache    *session.Cache  // the store, when it is Redis behind a cache
 	proxy    *proxy.Proxy
 	front    *httptest.Server
+	metrics  *telemetry.Metrics // set with harnessOptions.metrics
 }
 
 type harnessOptions struct {
@@ -45,6 +48,14 @@ type harnessOptions struct {
 	redisTimeout time.Duration
 	hook         redis.Hook // observes every Redis command, when set
 	loadSync     time.Duration
+	// tracer traces requests; nil leaves tracing off, as by default.
+	tracer trace.Tracer
+	// metrics gives the proxy a telemetry.Metrics (h.metrics) wired as
+	// cmd/tether wires it: endpoint gauges from the balancer, store round
+	// trips, cache counters and the degraded gauge.
+	metrics bool
+	// transport sends to the backends; nil is proxy.NewTransport(false).
+	transport http.RoundTripper
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -99,6 +110,9 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	<-synced
 	go h.bal.Run(ctx)
 
+	if o.metrics {
+		h.metrics = newHarnessMetrics(h)
+	}
 	if o.redis == nil {
 		h.mem = session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnExpire: func(r *session.Record) { h.proxy.SessionExpired(r) }})
 		h.store = h.mem
@@ -114,12 +128,18 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 		if o.hook != nil {
 			client.AddHook(o.hook)
 		}
-		shared := session.NewRedis(session.RedisOptions{Client: client, Timeout: o.redisTimeout})
-		h.cache = session.NewCache(session.CacheOptions{Shared: shared, Logger: log})
+		ropts := session.RedisOptions{Client: client, Timeout: o.redisTimeout}
+		copts := session.CacheOptions{Logger: log}
+		if h.metrics != nil {
+			ropts.Observe, copts.OnDegraded = h.metrics.StoreOp, h.metrics.StoreDegraded
+		}
+		copts.Shared = session.NewRedis(ropts)
+		h.cache = session.NewCache(copts)
 		h.store = h.cache
 	}
 	t.Cleanup(func() { h.store.Close() })
-	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody})
+	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody,
+		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport})
 	if o.loadSync > 0 {
 		go h.proxy.RunLoadSync(ctx, o.loadSync)
 	}

@@ -26,7 +26,7 @@ type Metrics struct {
 
 // EndpointStat is one endpoint as the metrics see it at scrape time.
 type EndpointStat struct {
-	ID, URL, State    string // State: ready, fenced, ejected
+	ID, URL, State     string // State: ready, fenced, ejected
 	Sessions, Inflight int64
 }
 

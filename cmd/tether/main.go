@@ -2,6 +2,8 @@
 //
 //	tether [serve] [flags]   route MCP traffic (the default command)
 //	tether demo              three in-process MCP backends, tether, 30 clients, one backend killed
+//	tether explain ID        how a session was placed and where it lives (asks the admin listener)
+//	tether status            endpoints, live sessions and in-flight requests (asks the admin listener)
 //	tether version           print the version
 package main
 
@@ -38,12 +40,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = serveCommand(ctx, args, getenv, stderr)
 	case "demo":
 		err = demoCommand(ctx, args, stdout, stderr)
+	case "explain":
+		err = explainCommand(ctx, args, getenv, stdout, stderr)
+	case "status":
+		err = statusCommand(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tether", version)
 	case "help":
 		usage(stdout)
 	default:
-		err = fmt.Errorf("unknown command %q (want serve, demo, version or help)", cmd)
+		err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, version or help)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -61,6 +67,10 @@ func usage(w io.Writer) {
 
   tether [serve] [flags]   route MCP traffic (tether serve -h lists the flags)
   tether demo              run a self-contained demonstration
+  tether explain SESSION_ID [--admin URL]
+                           where a session lives, its record and backend, how it was placed
+  tether status [--admin URL]
+                           endpoints with state, live sessions and in-flight requests
   tether version           print the version
 `)
 }

@@ -37,8 +37,10 @@ type server struct {
 	bal     *balancer.Balancer
 	metrics *telemetry.Metrics
 	tracing *telemetry.Tracing
-	store   session.Store
-	proxy   *proxy.Proxy
+	// transport is the proxy's connection pool to the backends.
+	transport *http.Transport
+	store     session.Store
+	proxy     *proxy.Proxy
 
 	client, admin     *http.Server
 	clientLn, adminLn net.Listener
@@ -75,10 +77,11 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 		s.store.Close()
 		return nil, err
 	}
+	s.transport = proxy.NewTransport(cfg.BackendH2C)
 	s.proxy = proxy.New(proxy.Config{
 		Balancer:   s.bal,
 		Store:      s.store,
-		Transport:  proxy.NewTransport(cfg.BackendH2C),
+		Transport:  s.transport,
 		MaxBody:    cfg.MaxBody,
 		Logger:     log,
 		Metrics:    s.metrics,
@@ -130,6 +133,9 @@ func (s *server) adminHandler() http.Handler {
 		}
 		io.WriteString(w, "ok\n")
 	})
+	// For `tether explain` and `tether status` (admin.go).
+	mux.HandleFunc("GET /debug/sessions/{id}", s.debugSession)
+	mux.HandleFunc("GET /debug/endpoints", s.debugEndpoints)
 	return mux
 }
 
@@ -144,8 +150,10 @@ func (s *server) run(ctx context.Context, source discovery.Source) error {
 	var once atomic.Bool
 	discoveryErr := make(chan error, 1)
 	go func() {
+		var ready map[string]bool
 		discoveryErr <- source.Run(bgCtx, func(snap discovery.Snapshot) {
 			s.bal.Update(snap)
+			ready = s.dropIdleOnDeparture(ready, snap)
 			if once.CompareAndSwap(false, true) {
 				close(synced)
 			}
@@ -263,4 +271,27 @@ func cmpOr(v, fallback string) string {
 		return fallback
 	}
 	return v
+}
+
+// dropIdleOnDeparture closes the idle backend connections when an endpoint
+// stops being ready (terminating, or gone). A terminating server closes its
+// idle keep-alive connections as it shuts down; a request that picks one
+// from the pool at that instant fails after it was sent, and must then be
+// answered 502 rather than silently retried. Dropping them first means the
+// next request dials: the refused dial is provably safe to re-route. It
+// returns the new ready set.
+func (s *server) dropIdleOnDeparture(before map[string]bool, snap discovery.Snapshot) map[string]bool {
+	now := make(map[string]bool, len(snap.Endpoints))
+	for _, e := range snap.Endpoints {
+		if e.State == discovery.Ready {
+			now[e.ID] = true
+		}
+	}
+	for id := range before {
+		if !now[id] {
+			s.transport.CloseIdleConnections()
+			break
+		}
+	}
+	return now
 }

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tether-mcp/tether/discovery"
 )
@@ -91,5 +92,47 @@ func TestAdminEndpoints(t *testing.T) {
 		if got := status(admin + path); got != want {
 			t.Errorf("GET %s: %d, want %d", path, got, want)
 		}
+	}
+}
+
+// When an endpoint stops being ready, the idle connections of the pool are
+// dropped, so no request is sent on a connection the terminating backend is
+// about to close.
+func TestIdleConnectionsDroppedWhenAnEndpointLeaves(t *testing.T) {
+	closed := make(chan struct{}, 1)
+	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	backend.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	backend.Start()
+	defer backend.Close()
+
+	s := &server{transport: &http.Transport{}}
+	resp, err := (&http.Client{Transport: s.transport}).Get(backend.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close() // the connection is now idle in the pool
+
+	a := discovery.Endpoint{ID: "a", State: discovery.Ready}
+	b := discovery.Endpoint{ID: "b", State: discovery.Ready}
+	ready := s.dropIdleOnDeparture(nil, discovery.Snapshot{Endpoints: []discovery.Endpoint{a, b}})
+	select {
+	case <-closed:
+		t.Fatal("idle connections dropped although no endpoint left")
+	default:
+	}
+	b.State = discovery.Fenced
+	s.dropIdleOnDeparture(ready, discovery.Snapshot{Endpoints: []discovery.Endpoint{a, b}})
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle connection survived an endpoint turning terminating")
 	}
 }

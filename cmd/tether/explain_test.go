@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/proxy"
+)
+
+// explainFixture is tether in front of two go-sdk backends with one live
+// client session.
+type explainFixture struct {
+	s        *server
+	admin    string
+	backends map[string]*mcpbackend.Backend // by name
+	cs       *mcp.ClientSession
+	home     *mcpbackend.Backend // the backend holding the session
+}
+
+func newExplainFixture(t *testing.T) *explainFixture {
+	t.Helper()
+	f := &explainFixture{backends: map[string]*mcpbackend.Backend{}}
+	var urls []string
+	for i := range 2 {
+		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		f.backends[b.Name] = b
+		urls = append(urls, b.URL())
+	}
+	f.s = startServer(t, urls...)
+	f.admin = "http://" + f.s.adminLn.Addr().String()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	client := mcp.NewClient(&mcp.Implementation{Name: "explain-test", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + f.s.clientLn.Addr().String() + "/mcp"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	f.cs = cs
+	name, err := mcpbackend.Whoami(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.home = f.backends[name]
+	return f
+}
+
+func (f *explainFixture) other() *mcpbackend.Backend {
+	for _, b := range f.backends {
+		if b != f.home {
+			return b
+		}
+	}
+	return nil
+}
+
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(args, func(string) string { return "" }, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestExplainLiveSession(t *testing.T) {
+	f := newExplainFixture(t)
+	sid := f.cs.ID()
+
+	code, out, errOut := runCLI("explain", sid, "--admin", f.admin)
+	if code != 0 {
+		t.Fatalf("explain: exit %d, stderr %q", code, errOut)
+	}
+	t.Logf("tether explain:\n%s", out)
+	for _, want := range []string{
+		"session   " + sid,
+		"mcp.session.id=" + proxy.HashSessionID(sid),
+		"lives on  " + f.home.URL() + "  ready, 1 session, ",
+		"protocol 2025-", // the version the go-sdk client asked for
+		"re-initialized      0 times",
+		"placed  on " + f.home.URL(),
+		"candidate", "load",
+		f.home.URL() + "       0  <- chosen", // p2c weighed both idle backends
+		f.other().URL(),
+		"last re-initialization  none",
+		"last decision  sticky, status 200",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain output lacks %q", want)
+		}
+	}
+
+	// The flag may come first too.
+	if code, out2, _ := runCLI("explain", "--admin", f.admin, sid); code != 0 || !strings.Contains(out2, f.home.URL()) {
+		t.Errorf("explain --admin URL ID: exit %d", code)
+	}
+}
+
+// After the session's backend dies, explain shows the move and why.
+func TestExplainAfterReinitialization(t *testing.T) {
+	f := newExplainFixture(t)
+	sid := f.cs.ID()
+	from, to := f.home, f.other()
+	from.Kill(200 * time.Millisecond) // as a terminating pod (see the report on Kill(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if name, err := mcpbackend.Whoami(ctx, f.cs); err != nil || name != to.Name {
+		t.Fatalf("after the kill: %q, %v; want %s", name, err, to.Name)
+	}
+
+	code, out, errOut := runCLI("explain", sid, "--admin", f.admin)
+	if code != 0 {
+		t.Fatalf("explain: exit %d, stderr %q", code, errOut)
+	}
+	t.Logf("tether explain:\n%s", out)
+	for _, want := range []string{
+		"lives on  " + to.URL() + "  ready, 1 session",
+		"backend session id  its own since the last re-initialization",
+		"re-initialized      1 time",
+		"placed  on " + from.URL(),
+		"last re-initialization  to " + to.URL() + " (dial_failed)",
+		to.URL() + "       0  <- chosen",
+		"last decision  reinit, status 200",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain output lacks %q", want)
+		}
+	}
+
+	code, out, _ = runCLI("status", "--admin", f.admin)
+	if code != 0 {
+		t.Fatalf("status: exit %d", code)
+	}
+	t.Logf("tether status:\n%s", out)
+	if !containsRow(out, from.URL(), "ejected", "0", "0%") || !containsRow(out, to.URL(), "ready", "1", "100%") {
+		t.Errorf("status after the move:\n%s", out)
+	}
+}
+
+func TestStatusTable(t *testing.T) {
+	f := newExplainFixture(t)
+	code, out, errOut := runCLI("status", "--admin", f.admin)
+	if code != 0 {
+		t.Fatalf("status: exit %d, stderr %q", code, errOut)
+	}
+	t.Logf("tether status:\n%s", out)
+	for _, want := range []string{"balancer p2c, store memory", "backend", "state", "sessions", "share", "in-flight", "2 endpoints"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q", want)
+		}
+	}
+	if !containsRow(out, f.home.URL(), "ready", "1", "100%") {
+		t.Errorf("no row for %s with 1 session:\n%s", f.home.URL(), out)
+	}
+	if !containsRow(out, f.other().URL(), "ready", "0", "0%") {
+		t.Errorf("no row for %s with 0 sessions:\n%s", f.other().URL(), out)
+	}
+}
+
+// containsRow reports whether a line of out has these fields in order.
+func containsRow(out string, fields ...string) bool {
+	for line := range strings.SplitSeq(out, "\n") {
+		got := strings.Fields(line)
+		if len(got) >= len(fields) && equalPrefix(got, fields) {
+			return true
+		}
+	}
+	return false
+}
+
+func equalPrefix(got, want []string) bool {
+	for i := range want {
+		if got[i] != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestExplainErrors(t *testing.T) {
+	f := newExplainFixture(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown session", []string{"explain", "no-such-session", "--admin", f.admin}, `session "no-such-session" not found`},
+		{"id with a slash", []string{"explain", "a/b", "--admin", f.admin}, `session "a/b" not found`},
+		{"no id", []string{"explain", "--admin", f.admin}, "want one SESSION_ID"},
+		{"two ids", []string{"explain", "a", "b", "--admin", f.admin}, "want one SESSION_ID"},
+		{"admin unreachable", []string{"explain", f.cs.ID(), "--admin", unusedAddr(t)}, "unreachable"},
+		{"status, admin unreachable", []string{"status", "--admin", unusedAddr(t)}, "unreachable"},
+		{"bad admin", []string{"status", "--admin", "nonsense"}, "--admin"},
+		{"not tether", []string{"status", "--admin", f.admin + "/healthz"}, "404"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(tc.args...)
+			if code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			if out != "" {
+				t.Errorf("stdout %q, want nothing", out)
+			}
+			if !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "tether: ") {
+				t.Errorf("stderr %q, want one line containing %q", errOut, tc.want)
+			}
+		})
+	}
+}
+
+// unusedAddr is a loopback address nothing listens on.
+func unusedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestDebugSessionJSON(t *testing.T) {
+	f := newExplainFixture(t)
+	sid := f.cs.ID()
+	resp, err := http.Get(f.admin + "/debug/sessions/" + sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d, %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	// The initialize body is kept for re-initialization but never shown.
+	for _, secret := range []string{"explain-test", "clientInfo", "capabilities"} {
+		if bytes.Contains(body, []byte(secret)) {
+			t.Errorf("debug JSON shows the initialize body (%q):\n%s", secret, body)
+		}
+	}
+	var v sessionView
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Session.ID != sid || v.Session.IDHash != proxy.HashSessionID(sid) || v.Session.InitializeBytes == 0 ||
+		v.Session.Version != 1 || v.Session.BackendURL != f.home.URL() || v.Session.ProtocolVersion == "" {
+		t.Errorf("session: %+v", v.Session)
+	}
+	if v.Backend.State != "ready" || v.Backend.Sessions != 1 || v.Backend.URL != f.home.URL() {
+		t.Errorf("backend: %+v", v.Backend)
+	}
+	if v.History == nil || v.History.Placed == nil || len(v.History.Placed.Candidates) != 2 || v.History.Requests < 2 {
+		t.Errorf("history: %+v", v.History)
+	}
+
+	resp, err = http.Get(f.admin + "/debug/sessions/nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || !strings.Contains(string(body), `"error": "session not found"`) {
+		t.Errorf("unknown session: %d %s", resp.StatusCode, body)
+	}
+
+	resp, err = http.Get(f.admin + "/debug/endpoints")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev endpointsView
+	err = json.NewDecoder(resp.Body).Decode(&ev)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Balancer != "p2c" || ev.Store.Kind != "memory" || ev.Store.Degraded || !ev.Ready || len(ev.Endpoints) != 2 {
+		t.Errorf("endpoints: %+v", ev)
+	}
+}

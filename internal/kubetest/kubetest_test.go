@@ -1,0 +1,47 @@
+package kubetest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tether-mcp/tether/internal/kubetest"
+)
+
+// The control plane starts, the admin may do anything, a user without a
+// binding may do nothing (RBAC is on), and it survives a restart.
+func TestEnv(t *testing.T) {
+	start := time.Now()
+	env := kubetest.Start(t, kubetest.Options{Users: []kubetest.User{{Name: "nobody"}}})
+	t.Logf("etcd and kube-apiserver ready in %s", time.Since(start).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	admin := env.AdminClient()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kt"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("admin creates a namespace: %v", err)
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", env.Kubeconfig("nobody"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := kubernetes.NewForConfigOrDie(cfg)
+	_, err = nobody.DiscoveryV1().EndpointSlices("kt").List(ctx, metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("unbound user lists EndpointSlices: error %v, want forbidden", err)
+	}
+
+	start = time.Now()
+	env.RestartAPIServer()
+	t.Logf("kube-apiserver restarted in %s", time.Since(start).Round(time.Millisecond))
+	if _, err := admin.CoreV1().Namespaces().Get(ctx, "kt", metav1.GetOptions{}); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+}
