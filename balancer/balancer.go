@@ -181,6 +181,18 @@ func (b *Balancer) publishLocked(all []*Endpoint) {
 	b.current.Store(newGeneration(all))
 }
 
+// candidates is the eligible set without exclude: when exclude is
+// eligible at position i, the ring's window after it holds every other
+// eligible endpoint, contiguously, so no slice is built.
+func (g *generation) candidates(exclude *Endpoint) []*Endpoint {
+	if exclude != nil {
+		if i, ok := g.eligibleIndex[exclude]; ok {
+			return g.ring[i+1 : i+len(g.eligible)]
+		}
+	}
+	return g.eligible
+}
+
 func newGeneration(all []*Endpoint) *generation {
 	g := &generation{
 		all:  all,
@@ -213,13 +225,7 @@ func newGeneration(all []*Endpoint) *generation {
 // stale *Endpoint of a replaced generation changes nothing, since the picker
 // could not return it anyway.
 func (b *Balancer) Pick(exclude *Endpoint) (*Endpoint, error) {
-	g := b.current.Load()
-	cands := g.eligible
-	if exclude != nil {
-		if i, ok := g.eligibleIndex[exclude]; ok {
-			cands = g.ring[i+1 : i+len(g.eligible)]
-		}
-	}
+	cands := b.current.Load().candidates(exclude)
 	if len(cands) == 0 {
 		return nil, ErrNoEndpoints
 	}
@@ -230,13 +236,7 @@ func (b *Balancer) Pick(exclude *Endpoint) (*Endpoint, error) {
 // the candidates the picker compared, with the loads it saw. It is slower
 // than Pick and is used only when tracing is on.
 func (b *Balancer) PickExplained(exclude *Endpoint, weighed []Candidate) (*Endpoint, []Candidate, error) {
-	g := b.current.Load()
-	cands := g.eligible
-	if exclude != nil {
-		if i, ok := g.eligibleIndex[exclude]; ok {
-			cands = g.ring[i+1 : i+len(g.eligible)]
-		}
-	}
+	cands := b.current.Load().candidates(exclude)
 	if len(cands) == 0 {
 		return nil, weighed, ErrNoEndpoints
 	}

@@ -221,20 +221,5 @@ func connect(ctx context.Context, t *testing.T, tetherAddr string) *session {
 
 // whoami calls the whoami tool and returns the backend's name.
 func whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-	if err != nil {
-		return "", err
-	}
-	if res.IsError {
-		return "", fmt.Errorf("tool error: %v", res.Content)
-	}
-	raw, err := json.Marshal(res.StructuredContent)
-	if err != nil {
-		return "", err
-	}
-	var out mcpbackend.WhoamiOutput
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return "", err
-	}
-	return out.Backend, nil
+	return mcpbackend.Whoami(ctx, cs)
 }

@@ -133,6 +133,7 @@ func cannedProxy(b *testing.B, cfg proxy.Config) func() {
 	body := []byte(followUpBody)
 	target, _ := url.Parse("http://127.0.0.1:7480/mcp")
 	return func() {
+		// Built by hand: httptest.NewRequest parses text and would dominate.
 		r := &http.Request{
 			Method: http.MethodPost, URL: target, Host: target.Host, RequestURI: "/mcp",
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, RemoteAddr: "127.0.0.1:5000",

@@ -1,22 +1,14 @@
 package proxy_test
 
 import (
-	"bytes"
-	"context"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/balancer"
-	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/proxy"
-	"github.com/tether-mcp/tether/session"
 )
 
 const followUpBody = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`
@@ -133,42 +125,10 @@ func (d *discardWriter) WriteHeader(int)             {}
 // classify, session lookup, pick-free routing, ReverseProxy, with the
 // network replaced by a canned answer. Its allocations are tether's.
 func BenchmarkServeHTTPFollowUp(b *testing.B) {
-	picker, _ := balancer.NewPicker("p2c", nil)
-	bal := balancer.New(balancer.Options{Picker: picker})
-	src, _ := discovery.NewStatic([]string{"http://127.0.0.1:9"})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	synced := make(chan struct{})
-	go src.Run(ctx, func(s discovery.Snapshot) { bal.Update(s); close(synced) })
-	<-synced
-	store := session.NewMemory(session.MemoryOptions{})
-	defer store.Close()
-	p := proxy.New(proxy.Config{Balancer: bal, Store: store, Transport: cannedTransport{sid: "bench-session"}, Logger: slog.New(slog.DiscardHandler)})
-
-	// Create the session through the proxy, as a client would.
-	init := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
-	p.ServeHTTP(&discardWriter{h: http.Header{}}, init)
-	if _, err := store.Get(ctx, "bench-session"); err != nil {
-		b.Fatal("session not recorded:", err)
-	}
-
-	body := []byte(followUpBody)
-	target, _ := url.Parse("http://127.0.0.1:7480/mcp")
+	serve := cannedProxy(b, proxy.Config{})
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		// Built by hand: httptest.NewRequest parses text and would dominate.
-		r := &http.Request{
-			Method: http.MethodPost, URL: target, Host: target.Host, RequestURI: "/mcp",
-			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, RemoteAddr: "127.0.0.1:5000",
-			Header: http.Header{
-				"Mcp-Session-Id":       {"bench-session"},
-				"Mcp-Protocol-Version": {"2025-06-18"},
-				"Content-Type":         {"application/json"},
-				"Accept":               {"application/json, text/event-stream"},
-			},
-			Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
-		}
-		p.ServeHTTP(&discardWriter{h: http.Header{}}, r.WithContext(ctx))
+		serve()
 	}
 }
