@@ -158,58 +158,48 @@ func readBody(r *http.Request, maxBody int64) ([]byte, *requestError) {
 	return buf, nil
 }
 
-// wireMessage holds the members of a JSON-RPC 2.0 message that routing
-// reads. Params, result and error bodies are skipped, not decoded.
-type wireMessage struct {
-	JSONRPC string          `json:"jsonrpc"`
-	Method  *string         `json:"method"`
-	ID      json.RawMessage `json:"id"`
-	Result  json.RawMessage `json:"result"`
-	Error   json.RawMessage `json:"error"`
-}
-
 // parseMessages fills c.Kind, c.Method, c.ID and c.Batch from a POST body.
 func parseMessages(body []byte, c *Classification) *requestError {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return errEmptyBody
 	}
+	if !json.Valid(body) {
+		return errNotJSON
+	}
 	if trimmed[0] != '[' {
-		var m wireMessage
-		if err := json.Unmarshal(body, &m); err != nil {
-			return jsonError(err)
+		m, rerr := decodeMessage(body)
+		if rerr != nil {
+			return rerr
 		}
 		kind, rerr := messageKind(&m)
 		if rerr != nil {
 			return rerr
 		}
 		c.Kind = kind
-		if m.Method != nil {
-			c.Method = *m.Method
-		}
+		c.Method = m.Method
 		if kind == KindRequest || kind == KindInitialize {
 			c.ID = m.ID
 		}
 		return nil
 	}
 
-	var batch []wireMessage
-	if err := json.Unmarshal(body, &batch); err != nil {
-		return jsonError(err)
-	}
-	if len(batch) == 0 {
-		return errEmptyBatch
-	}
-	c.Batch = true
 	// A batch is classified as a whole: initialize anywhere makes it a new
 	// session; otherwise any request makes it a request; otherwise it is
 	// notifications and/or responses, both answered 202 by the server.
+	c.Batch = true
 	c.Kind = KindNotification
-	sawResponse, sawNotification := false, false
-	for i := range batch {
-		kind, rerr := messageKind(&batch[i])
-		if rerr != nil {
-			return rerr
+	var rerr *requestError
+	n, sawResponse, sawNotification := 0, false, false
+	scanArray(body, func(elem []byte) bool {
+		n++
+		var m wireMessage
+		if m, rerr = decodeMessage(elem); rerr != nil {
+			return false
+		}
+		var kind Kind
+		if kind, rerr = messageKind(&m); rerr != nil {
+			return false
 		}
 		switch kind {
 		case KindInitialize:
@@ -219,7 +209,7 @@ func parseMessages(body []byte, c *Classification) *requestError {
 			if c.Kind != KindInitialize {
 				c.Kind = KindRequest
 				if c.Method == "" {
-					c.Method = *batch[i].Method
+					c.Method = m.Method
 				}
 			}
 		case KindResponse:
@@ -227,14 +217,55 @@ func parseMessages(body []byte, c *Classification) *requestError {
 		case KindNotification:
 			sawNotification = true
 			if c.Method == "" && c.Kind == KindNotification {
-				c.Method = *batch[i].Method
+				c.Method = m.Method
 			}
 		}
+		return true
+	})
+	switch {
+	case rerr != nil:
+		return rerr
+	case n == 0:
+		return errEmptyBatch
 	}
 	if c.Kind == KindNotification && sawResponse && !sawNotification {
 		c.Kind = KindResponse
 	}
 	return nil
+}
+
+// decodeMessage reads one batch member or single message (valid JSON).
+func decodeMessage(b []byte) (wireMessage, *requestError) {
+	m, ok, fallback := scanMessage(b)
+	if fallback {
+		return decodeWithJSON(b)
+	}
+	if !ok {
+		return m, errNotJSONRPC
+	}
+	return m, nil
+}
+
+// jsonMessage is wireMessage as encoding/json decodes it, for the messages
+// the scanner leaves to encoding/json.
+type jsonMessage struct {
+	JSONRPC string          `json:"jsonrpc"`
+	Method  *string         `json:"method"`
+	ID      json.RawMessage `json:"id"`
+	Result  json.RawMessage `json:"result"`
+	Error   json.RawMessage `json:"error"`
+}
+
+func decodeWithJSON(b []byte) (wireMessage, *requestError) {
+	var j jsonMessage
+	if err := json.Unmarshal(b, &j); err != nil {
+		return wireMessage{}, jsonError(err)
+	}
+	m := wireMessage{JSONRPC: j.JSONRPC, ID: j.ID, Result: j.Result, Error: j.Error}
+	if j.Method != nil {
+		m.Method, m.HasMethod = *j.Method, true
+	}
+	return m, nil
 }
 
 func jsonError(err error) *requestError {
@@ -254,8 +285,8 @@ func messageKind(m *wireMessage) (Kind, *requestError) {
 		return 0, errNotJSONRPC
 	}
 	hasID := len(m.ID) > 0 && !bytes.Equal(m.ID, []byte("null"))
-	if m.Method != nil {
-		if *m.Method == "" {
+	if m.HasMethod {
+		if m.Method == "" {
 			return 0, errNotJSONRPC
 		}
 		if !hasID {
@@ -264,7 +295,7 @@ func messageKind(m *wireMessage) (Kind, *requestError) {
 		if !validID(m.ID) {
 			return 0, errNotJSONRPC
 		}
-		if *m.Method == "initialize" {
+		if m.Method == "initialize" {
 			return KindInitialize, nil
 		}
 		return KindRequest, nil

@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// parseMessagesReference is the classifier as encoding/json sees it: the
+// scanner must agree with it on every input.
+func parseMessagesReference(body []byte, c *Classification) *requestError {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 {
+		return errEmptyBody
+	}
+	if trimmed[0] != '[' {
+		m, rerr := decodeWithJSON(body)
+		if rerr != nil {
+			return rerr
+		}
+		kind, rerr := messageKind(&m)
+		if rerr != nil {
+			return rerr
+		}
+		c.Kind, c.Method = kind, m.Method
+		if kind == KindRequest || kind == KindInitialize {
+			c.ID = m.ID
+		}
+		return nil
+	}
+	var batch []jsonMessage
+	if err := json.Unmarshal(body, &batch); err != nil {
+		return jsonError(err)
+	}
+	if len(batch) == 0 {
+		return errEmptyBatch
+	}
+	c.Batch, c.Kind = true, KindNotification
+	sawResponse, sawNotification := false, false
+	for _, j := range batch {
+		m := wireMessage{JSONRPC: j.JSONRPC, ID: j.ID, Result: j.Result, Error: j.Error}
+		if j.Method != nil {
+			m.Method, m.HasMethod = *j.Method, true
+		}
+		kind, rerr := messageKind(&m)
+		if rerr != nil {
+			return rerr
+		}
+		switch kind {
+		case KindInitialize:
+			c.Kind, c.Method = KindInitialize, "initialize"
+		case KindRequest:
+			if c.Kind != KindInitialize {
+				c.Kind = KindRequest
+				if c.Method == "" {
+					c.Method = m.Method
+				}
+			}
+		case KindResponse:
+			sawResponse = true
+		case KindNotification:
+			sawNotification = true
+			if c.Method == "" && c.Kind == KindNotification {
+				c.Method = m.Method
+			}
+		}
+	}
+	if c.Kind == KindNotification && sawResponse && !sawNotification {
+		c.Kind = KindResponse
+	}
+	return nil
+}
+
+var scanSeeds = []string{
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":[1,{"b":"}"}]}}}`,
+	`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+	`{"jsonrpc":"2.0","id":"x","result":{}}`, `{"jsonrpc":"2.0","id":null,"error":{"code":1}}`,
+	`{"jsonrpc":"2.0","id":5,"result":null}`, `{"jsonrpc":"2.0","id":5,"result":1,"error":2}`,
+	`[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"}]`, `[ ]`, `[1]`, `[null]`,
+	`{"JSONRPC":"2.0","METHOD":"ping","Id":1}`, `{"jsonrpc":"2.0","jsonrpc":null,"method":"x"}`,
+	`{"jsonrpc":"2.0","method":"a","method":null,"id":1}`, `{"jsonrpc":"2\u002e0","method":"p","id":1}`,
+	`{"jsonrpc":"2.0","meth\u006fd":"ping","id":1}`, `{"jsonrpc":"2.0","method":"caf\u00e9","id":1}`,
+	"{\"jsonrpc\":\"2.0\",\"method\":\"bad\xff\",\"id\":1}", `{"jsonrpc":2,"method":"x"}`,
+	`{"jsonrpc":"2.0","method":["x"]}`, `{"jsonrpc":"2.0","id":{},"method":"x"}`, `null`, `"x"`, `5`, `true`,
+	` {"jsonrpc" : "2.0" , "id" : -1.5e3 , "method" : "initialize" } `, `{"jsonrpc":"2.0","id":1e400,"method":"a"}`,
+	`{}`, `{"jsonrpc":"2.0"}`, `{"jsonrpc":"2.0","method":""}`, `[{"jsonrpc":"2.0","id":1,"result":{}}]`,
+}
+
+func classifyBoth(t *testing.T, body []byte) {
+	t.Helper()
+	var got, want Classification
+	gotErr := parseMessages(body, &got)
+	if !json.Valid(body) {
+		if gotErr == nil && len(bytes.TrimSpace(body)) > 0 {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		return // both reject; the reference decoder's error class may differ only for invalid JSON
+	}
+	wantErr := parseMessagesReference(body, &want)
+	switch {
+	case (gotErr == nil) != (wantErr == nil):
+		t.Fatalf("%q: scanner error %v, encoding/json error %v", body, gotErr, wantErr)
+	case gotErr != nil:
+		if gotErr.status != wantErr.status || gotErr.code != wantErr.code {
+			t.Fatalf("%q: scanner %d/%d, encoding/json %d/%d", body, gotErr.status, gotErr.code, wantErr.status, wantErr.code)
+		}
+	default:
+		if got.Kind != want.Kind || got.Method != want.Method || !bytes.Equal(got.ID, want.ID) || got.Batch != want.Batch {
+			t.Fatalf("%q: scanner %+v, encoding/json %+v", body, got, want)
+		}
+	}
+}
+
+func TestScanMatchesEncodingJSON(t *testing.T) {
+	for _, s := range scanSeeds {
+		classifyBoth(t, []byte(s))
+	}
+}
+
+// FuzzScanMatchesEncodingJSON: the in-place scanner and encoding/json
+// classify every input alike.
+func FuzzScanMatchesEncodingJSON(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) { classifyBoth(t, []byte(body)) })
+}
+
+func TestParseMessagesAllocations(t *testing.T) {
+	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
+	allocs := testing.AllocsPerRun(100, func() {
+		var c Classification
+		if err := parseMessages(body, &c); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("classifying a tools/call allocates %.0f times, want 0", allocs)
+	}
+}
