@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test check unit conformance bench fuzz build kube-env
+.PHONY: demo test check unit conformance bench bench-report bench-report-full fuzz build kube-env image
 
 demo:
 	$(GO) run ./cmd/tether demo
@@ -33,8 +33,25 @@ conformance:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./balancer/ ./session/ ./proxy/
 
+# The benchmark report (bench/README.md): the seed bug in network namespaces
+# with kube-proxy's iptables rules, overhead against direct/nginx/HAProxy,
+# failover, placement. Under 5 minutes on 2 cores; -full runs longer.
+# Installs nginx, haproxy, redis-server and iptables with apt when missing.
+bench-report:
+	$(GO) run ./bench/cmd/tetherbench -out bench/results -readme bench/README.md
+
+bench-report-full:
+	$(GO) run ./bench/cmd/tetherbench -full -out bench/results -readme bench/README.md
+
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./proxy/
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether
+
+# The container image (needs a Docker engine; the Dockerfile's build is
+# tested without one by cmd/tether/dockerfile_test.go).
+IMAGE ?= ghcr.io/tether-mcp/tether:dev
+image:
+	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) -t $(IMAGE) .

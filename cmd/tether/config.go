@@ -71,12 +71,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs := flag.NewFlagSet("tether serve", flag.ContinueOnError)
 	// Errors come back as one line; the flag list is printed for -h only.
 	fs.SetOutput(io.Discard)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: tether serve [flags]")
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
+	fs.Usage = func() {} // the flag package calls it on every error, not only for -h
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address (HTTP/1.1 and h2c)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address: /healthz /readyz")
 	fs.Func("backends", "comma-separated static backend base URLs (standalone mode)", func(s string) error {
@@ -115,6 +110,11 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return cfg, envErr
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "usage: tether serve [flags]")
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+		}
 		return cfg, err
 	}
 	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")

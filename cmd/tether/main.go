@@ -4,6 +4,8 @@
 //	tether demo              three in-process MCP backends, tether, 30 clients, one backend killed
 //	tether explain ID        how a session was placed and where it lives (asks the admin listener)
 //	tether status            endpoints, live sessions and in-flight requests (asks the admin listener)
+//	tether inject [FILE]...  add the tether sidecar to Kubernetes workloads (YAML in, YAML out)
+//	tether webhook           mutating admission webhook that injects the sidecar into annotated Pods
 //	tether version           print the version
 package main
 
@@ -44,12 +46,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = explainCommand(ctx, args, getenv, stdout, stderr)
 	case "status":
 		err = statusCommand(ctx, args, getenv, stdout, stderr)
+	case "inject":
+		err = injectCommand(args, getenv, os.Stdin, stdout, stderr)
+	case "webhook":
+		err = webhookCommand(ctx, args, getenv, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tether", version)
 	case "help":
 		usage(stdout)
 	default:
-		err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, version or help)", cmd)
+		err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, inject, webhook, version or help)", cmd)
 	}
 	switch {
 	case err == nil:
@@ -71,6 +77,9 @@ func usage(w io.Writer) {
                            where a session lives, its record and backend, how it was placed
   tether status [--admin URL]
                            endpoints with state, live sessions and in-flight requests
+  tether inject [flags] [FILE|-]...
+                           add the tether sidecar to Kubernetes workloads (YAML to stdout)
+  tether webhook [flags]   admission webhook: the sidecar for Pods annotated tether.dev/inject: "true"
   tether version           print the version
 `)
 }

@@ -134,8 +134,11 @@ func (s *server) adminHandler() http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	// For `tether explain` and `tether status` (admin.go).
-	mux.HandleFunc("GET /debug/sessions/{id}", s.debugSession)
-	mux.HandleFunc("GET /debug/endpoints", s.debugEndpoints)
+	// The admin listener may be reachable from the pod network (kubelet
+	// probes cannot reach loopback); /debug stays local: kubectl exec and
+	// port-forward arrive on loopback.
+	mux.Handle("GET /debug/sessions/{id}", loopbackOnly(http.HandlerFunc(s.debugSession)))
+	mux.Handle("GET /debug/endpoints", loopbackOnly(http.HandlerFunc(s.debugEndpoints)))
 	return mux
 }
 
@@ -294,4 +297,16 @@ func (s *server) dropIdleOnDeparture(before map[string]bool, snap discovery.Snap
 		}
 	}
 	return now
+}
+
+// loopbackOnly refuses requests that do not come from a loopback address.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			http.Error(w, "/debug is served to loopback clients only", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

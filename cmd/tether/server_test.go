@@ -136,3 +136,16 @@ func TestIdleConnectionsDroppedWhenAnEndpointLeaves(t *testing.T) {
 		t.Fatal("the idle connection survived an endpoint turning terminating")
 	}
 }
+
+func TestDebugIsLoopbackOnly(t *testing.T) {
+	h := loopbackOnly(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for addr, want := range map[string]int{"127.0.0.1:5000": 200, "[::1]:5000": 200, "10.244.0.7:5000": 403, "garbage": 403} {
+		r := httptest.NewRequest("GET", "/debug/endpoints", nil)
+		r.RemoteAddr = addr
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != want {
+			t.Errorf("from %s: %d, want %d", addr, w.Code, want)
+		}
+	}
+}

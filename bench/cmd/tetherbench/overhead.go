@@ -1,0 +1,425 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tether-mcp/tether/bench/internal/svg"
+)
+
+// overheadTarget is one way of reaching the backends.
+type overheadTarget struct {
+	Name     string
+	base     string  // proxy URL; "" for direct
+	procs    []*proc // the proxy's processes (CPU and RSS are theirs)
+	sessions []liveSession
+	Note     string
+
+	Estimate float64 // closed-loop throughput, requests/s
+	MaxRate  float64 // highest sustainable offered rate found
+	StopWhy  string  // why the next step up was not sustainable
+	Steps    []overheadStep
+
+	fixed     []sample
+	fixedDur  time.Duration
+	Fixed     summary
+	ProxyCPU  time.Duration // over the fixed-rate runs
+	BackCPU   time.Duration
+	Requests  int // sent during the fixed-rate runs
+	ProxyRSS  int64
+	BackRSS   int64
+	Misrouted int // sessions whose follow-up reached another backend
+	// RoundP99 is p99 of each fixed-rate round; AddedP99 is the median over
+	// rounds of (this target's p99 − direct's p99 in the same round), which
+	// a single noisy round cannot swing.
+	RoundP99 []time.Duration
+	AddedP99 time.Duration
+}
+
+type overheadStep struct {
+	Rate float64
+	S    summary
+	OK   bool
+	Why  string
+}
+
+type overheadResult struct {
+	Targets    []*overheadTarget
+	FixedRate  float64
+	Sessions   int
+	HashWrong  int // nginx `hash $http_mcp_session_id consistent`: follow-ups answered 404
+	HashTotal  int
+	ProfileTop string
+}
+
+func (o *overheadResult) target(name string) *overheadTarget {
+	for _, t := range o.Targets {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// runOverhead measures follow-up tools/call requests on live sessions
+// through each proxy and directly, interleaving the runs.
+func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
+	if err := ensureTools(env.logf, "nginx", "haproxy", "redis-server"); err != nil {
+		return nil, err
+	}
+	cfg := struct {
+		sessions                    int
+		probe, step, fixed, profile time.Duration
+		rounds                      int
+		fractions                   []float64
+	}{32, 2 * time.Second, 2 * time.Second, 3 * time.Second, 6 * time.Second, 3, []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}}
+	if env.full {
+		cfg.probe, cfg.step, cfg.fixed, cfg.rounds = 4*time.Second, 5*time.Second, 8*time.Second, 5
+		cfg.fractions = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}
+	}
+	res := &overheadResult{Sessions: cfg.sessions}
+
+	backends, addrs, names, err := startBackends(env.logDir, "overhead-backends", nil, "-names", "b0,b1,b2", "-named-ids")
+	if err != nil {
+		return nil, err
+	}
+	defer backends.stop()
+	var urls []string
+	for _, n := range names {
+		urls = append(urls, "http://"+addrs[n])
+	}
+
+	redis, redisURL, err := startRedis(ctx, env.logDir)
+	if err != nil {
+		return nil, err
+	}
+	defer redis.stop()
+	tmem, tmemURL, err := startTether(ctx, env.tether, env.logDir, "tether-memory", urls)
+	if err != nil {
+		return nil, err
+	}
+	defer tmem.stop()
+	tred, tredURL, err := startTether(ctx, env.tether, env.logDir, "tether-redis", urls, "--redis-url", redisURL)
+	if err != nil {
+		return nil, err
+	}
+	defer tred.stop()
+	ngx, ngxURL, ngxHashURL, err := startNginx(ctx, env.logDir, names, addrs)
+	if err != nil {
+		return nil, err
+	}
+	defer ngx.stop()
+	hap, hapURL, err := startHAProxy(ctx, env.logDir, names, addrs)
+	if err != nil {
+		return nil, err
+	}
+	defer hap.stop()
+
+	res.Targets = []*overheadTarget{
+		{Name: "direct", Note: "client → backend"},
+		{Name: "tether (memory)", base: tmemURL, procs: []*proc{tmem}, Note: "tether serve, in-memory store"},
+		{Name: "tether (Redis)", base: tredURL, procs: []*proc{tred, redis}, Note: "tether serve --redis-url; redis-server's CPU and RSS included"},
+		{Name: "nginx", base: ngxURL, procs: []*proc{ngx}, Note: "map from the session id's backend prefix to per-backend upstreams, keepalive 64"},
+		{Name: "HAProxy", base: hapURL, procs: []*proc{hap}, Note: "stick table learning the id from the response"},
+	}
+	httpc := newClient()
+	for _, t := range res.Targets {
+		for i := range cfg.sessions {
+			url := t.base + "/mcp"
+			if t.base == "" {
+				url = urls[i%len(urls)] + "/mcp"
+			}
+			sid, backend, err := openSession(ctx, httpc, url)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", t.Name, err)
+			}
+			t.sessions = append(t.sessions, liveSession{url: url, header: mcpHeaders(sid), backend: backend})
+			if got, err := whoami(ctx, httpc, url, sid); err != nil || got != backend {
+				t.Misrouted++
+			}
+		}
+		if t.Misrouted > 0 {
+			return nil, fmt.Errorf("%s: %d of %d sessions' follow-ups did not reach their backend", t.Name, t.Misrouted, cfg.sessions)
+		}
+	}
+	res.HashWrong, res.HashTotal = hashMisroutes(ctx, httpc, ngxHashURL+"/mcp", 30)
+	env.logf("overhead: nginx `hash $http_mcp_session_id consistent`: %d of %d follow-ups answered 404", res.HashWrong, res.HashTotal)
+
+	for _, t := range res.Targets { // warm connections and code paths
+		attack(ctx, followUpTargeter(t.sessions), 300, time.Second, 256)
+	}
+	// Closed-loop estimate, then fixed rates at fractions of it, interleaved.
+	for _, t := range res.Targets {
+		r := attack(ctx, followUpTargeter(t.sessions), 0, cfg.probe, 64)
+		t.Estimate = summarize(r.Samples, cfg.probe).Goodput
+		env.logf("overhead: %-16s closed loop (64 in flight): %.0f req/s", t.Name, t.Estimate)
+	}
+	alive := map[*overheadTarget]bool{}
+	for _, t := range res.Targets {
+		alive[t] = true
+	}
+	// Every target at one fraction of its own estimate, then the next
+	// fraction up; a target stops at its first unsustainable rate. A target
+	// whose first rate already fails steps down instead (×0.6, twice), so
+	// that a loaded machine still yields a rate rather than none.
+	try := func(t *overheadTarget, rate float64) bool {
+		r := attack(ctx, followUpTargeter(t.sessions), rate, cfg.step, 2000)
+		s := summarize(r.Samples, cfg.step)
+		ok, why := s.sustainable(rate)
+		t.Steps = append(t.Steps, overheadStep{Rate: rate, S: s, OK: ok, Why: why})
+		env.logf("overhead: %-16s %6.0f req/s offered: p50 %6.2fms p99 %6.2fms ok %d/%d %s %v", t.Name, rate, ms(s.P50), ms(s.P99), s.OK, s.Sent, why, s.Errors)
+		if ok {
+			t.MaxRate = max(t.MaxRate, rate)
+		} else {
+			t.StopWhy = fmt.Sprintf("%.0f/s: %s", rate, why)
+		}
+		return ok
+	}
+	for i, f := range cfg.fractions {
+		for _, t := range res.Targets {
+			if !alive[t] || ctx.Err() != nil {
+				continue
+			}
+			// A failed step is run once more before the target stops: one
+			// GC pause or a neighbour's burst should not end the search.
+			if rate := math.Round(f * t.Estimate); try(t, rate) || try(t, rate) {
+				t.StopWhy = ""
+				continue
+			}
+			alive[t] = false
+			for down := f * 0.6; i == 0 && down > f*0.3 && ctx.Err() == nil; down *= 0.6 {
+				if try(t, math.Round(down*t.Estimate)) {
+					break
+				}
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	direct := res.Targets[0]
+	res.FixedRate = math.Round(direct.MaxRate / 2)
+	if res.FixedRate < 100 { // no sustainable rate at all: the machine is swamped
+		res.FixedRate = 100
+	}
+	for round := range cfg.rounds {
+		for _, t := range res.Targets {
+			var pids []int
+			for _, p := range t.procs {
+				pids = append(pids, p.pid())
+			}
+			pb, bb := treeUsage(pids...), treeUsage(backends.pid())
+			r := attack(ctx, followUpTargeter(t.sessions), res.FixedRate, cfg.fixed, 2000)
+			pa, ba := treeUsage(pids...), treeUsage(backends.pid())
+			t.fixed = append(t.fixed, r.Samples...)
+			t.fixedDur += cfg.fixed
+			t.Requests += len(r.Samples)
+			if len(pids) > 0 {
+				t.ProxyCPU += pa.CPU - pb.CPU
+				t.ProxyRSS = max(t.ProxyRSS, pa.RSSKiB)
+			}
+			t.BackCPU += ba.CPU - bb.CPU
+			t.BackRSS = max(t.BackRSS, ba.RSSKiB)
+			s := summarize(r.Samples, cfg.fixed)
+			t.RoundP99 = append(t.RoundP99, s.P99)
+			env.logf("overhead: round %d %-16s %.0f req/s: p50 %.2fms p99 %.2fms p99.9 %.2fms %v", round+1, t.Name, res.FixedRate, ms(s.P50), ms(s.P99), ms(s.P999), s.Errors)
+		}
+	}
+	for _, t := range res.Targets {
+		t.Fixed = summarize(t.fixed, t.fixedDur)
+		var added []time.Duration
+		for i := range t.RoundP99 {
+			added = append(added, t.RoundP99[i]-direct.RoundP99[i])
+		}
+		slices.Sort(added)
+		if len(added) > 0 {
+			t.AddedP99 = added[len(added)/2]
+		}
+	}
+	if env.profile {
+		top, err := profileTether(ctx, env, urls, res.target("tether (memory)").MaxRate, cfg.profile, cfg.sessions)
+		if err != nil {
+			env.logf("overhead: profile: %v", err)
+		}
+		res.ProfileTop = top
+	}
+	return res, nil
+}
+
+// hashMisroutes opens n sessions through nginx's consistent hash on the
+// session header and sends each one follow-up: the initialize has no id
+// (nginx hashes the empty key by falling back to round-robin), so a
+// follow-up reaches the backend that minted its id only by chance.
+func hashMisroutes(ctx context.Context, c *http.Client, url string, n int) (wrong, total int) {
+	for range n {
+		sid, _, err := openSession(ctx, c, url)
+		if err != nil {
+			// notifications/initialized itself may hash elsewhere: 404.
+			wrong++
+			total++
+			continue
+		}
+		total++
+		if _, err := whoami(ctx, c, url, sid); err != nil {
+			wrong++
+		}
+	}
+	return wrong, total
+}
+
+// profileTether runs tether in-process in a separate bench process with a
+// CPU profile, loads it at rate, and returns `go tool pprof -top`.
+func profileTether(ctx context.Context, env *reportEnv, urls []string, rate float64, dur time.Duration, sessions int) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	port, _ := freePort()
+	prof := filepath.Join(env.logDir, "tether-cpu.pprof") // kept with -keep
+	p, err := startProc(env.logDir, "tether-profiled", self, "tether-profiled",
+		"-backends", strings.Join(urls, ","), "-listen", fmt.Sprintf("127.0.0.1:%d", port), "-cpuprofile", prof)
+	if err != nil {
+		return "", err
+	}
+	defer p.stop()
+	if _, err := p.expect("ready", 10*time.Second, nil); err != nil {
+		return "", err
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	c := newClient()
+	var ss []liveSession
+	for range sessions {
+		sid, backend, err := openSession(ctx, c, url)
+		if err != nil {
+			return "", err
+		}
+		ss = append(ss, liveSession{url: url, header: mcpHeaders(sid), backend: backend})
+	}
+	if err := p.send("start"); err != nil {
+		return "", err
+	}
+	if _, err := p.expect("profiling", 5*time.Second, nil); err != nil {
+		return "", err
+	}
+	r := attack(ctx, followUpTargeter(ss), rate, dur, 2000)
+	s := summarize(r.Samples, dur)
+	env.logf("overhead: profiled tether at %.0f req/s: p50 %.2fms p99 %.2fms ok %d/%d", rate, ms(s.P50), ms(s.P99), s.OK, s.Sent)
+	p.stop()
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=35", prof).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go tool pprof: %v: %s", err, out)
+	}
+	cum, _ := exec.Command("go", "tool", "pprof", "-top", "-cum", "-nodecount=45", prof).CombinedOutput()
+	text := fmt.Sprintf("tether in-process (tetherbench tether-profiled), %.0f req/s of follow-ups for %v: p50 %.2fms p99 %.2fms\n\n## flat\n%s\n## cumulative\n%s",
+		rate, dur, ms(s.P50), ms(s.P99), out, cum)
+	if err := os.WriteFile(filepath.Join(env.outDir, "tether-cpu-top.txt"), []byte(text), 0o644); err != nil {
+		return "", err
+	}
+	return text, nil
+}
+
+// overheadMarkdown is the scenario's table and notes.
+func overheadMarkdown(o *overheadResult) string {
+	var b strings.Builder
+	d := o.Targets[0]
+	dcpu := cpuPer1k(d.BackCPU, d.Requests)
+	fmt.Fprintf(&b, "Follow-up `tools/call` (echo) on %d live sessions per target, 3 go-sdk backends in their own process. "+
+		"Latency and CPU at **%.0f req/s** (50%% of direct's max sustainable rate), runs interleaved.\n\n", o.Sessions, o.FixedRate)
+	b.WriteString("| target | max sustainable req/s | × direct | p50 ms | p99 ms | p99.9 ms | p99 added ms (median of rounds) | proxy CPU s/1k req | total CPU / direct | proxy RSS MiB | total RSS / direct | errors |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, t := range o.Targets {
+		total := cpuPer1k(t.BackCPU+t.ProxyCPU, t.Requests)
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2f | %s | %.2f | %d |\n",
+			t.Name, t.MaxRate, t.MaxRate/max(d.MaxRate, 1),
+			ms(t.Fixed.P50), ms(t.Fixed.P99), ms(t.Fixed.P999),
+			dashIf(t == d, fmt.Sprintf("%+.2f", ms(t.AddedP99))),
+			dashIf(t == d, fmt.Sprintf("%.3f", cpuPer1k(t.ProxyCPU, t.Requests))),
+			total/dcpu,
+			dashIf(t == d, fmt.Sprintf("%.1f", float64(t.ProxyRSS)/1024)),
+			float64(t.BackRSS+t.ProxyRSS)/float64(max(1, d.BackRSS)),
+			t.Fixed.Sent-t.Fixed.OK)
+	}
+	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it (a failed step is run once more before the search stops):\n\n", dcpu, sloP99)
+	for _, t := range o.Targets {
+		fmt.Fprintf(&b, "- %s: closed loop %.0f req/s; stopped at %s. %s\n", t.Name, t.Estimate, cmpOr(t.StopWhy, "the last step (all sustainable)"), t.Note)
+	}
+	fmt.Fprintf(&b, "\nnginx as usually written, `hash $http_mcp_session_id consistent`: **%d of %d** sessions' follow-ups answered 404 (DESIGN §9: the id is minted by the backend, so the hash of a follow-up's id names an arbitrary backend).\n", o.HashWrong, o.HashTotal)
+	return b.String()
+}
+
+func cpuPer1k(cpu time.Duration, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return cpu.Seconds() * 1000 / float64(n)
+}
+
+func dashIf(cond bool, s string) string {
+	if cond {
+		return "–"
+	}
+	return s
+}
+
+func cmpOr(s, fallback string) string {
+	if s == "" {
+		return fallback
+	}
+	return s
+}
+
+// overheadChart: p99 against offered rate per target, and the fixed-rate
+// percentiles.
+func overheadChart(o *overheadResult) *svg.Figure {
+	f := &svg.Figure{Title: "Overhead: follow-up tools/call on live sessions", Cols: 2, PanelW: 560, PanelH: 300,
+		Footnote: fmt.Sprintf("Left: p99 at each offered rate of the search (open loop, vegeta). Right: p50/p99/p99.9 at %.0f req/s.", o.FixedRate)}
+	lc := &svg.LineChart{Title: "p99 latency vs offered rate", XLabel: "offered req/s", YLabel: "p99 ms", LogY: true,
+		HLines: []svg.Marker{{X: ms(sloP99), Label: "SLO"}}}
+	for _, t := range o.Targets {
+		s := svg.Series{Name: t.Name, Points: true}
+		for _, st := range t.Steps {
+			s.X = append(s.X, st.Rate)
+			s.Y = append(s.Y, ms(st.S.P99))
+		}
+		lc.Series = append(lc.Series, s)
+	}
+	gb := &svg.GroupedBars{Title: fmt.Sprintf("latency at %.0f req/s", o.FixedRate), YLabel: "ms"}
+	for _, t := range o.Targets {
+		gb.Groups = append(gb.Groups, t.Name)
+	}
+	for _, q := range []struct {
+		name string
+		get  func(summary) time.Duration
+	}{{"p50", func(s summary) time.Duration { return s.P50 }}, {"p99", func(s summary) time.Duration { return s.P99 }}, {"p99.9", func(s summary) time.Duration { return s.P999 }}} {
+		s := svg.Series{Name: q.name}
+		for _, t := range o.Targets {
+			s.Y = append(s.Y, ms(q.get(t.Fixed)))
+		}
+		gb.Series = append(gb.Series, s)
+	}
+	mr := &svg.GroupedBars{Title: "max sustainable rate", YLabel: "req/s"}
+	s := svg.Series{Name: "req/s"}
+	for _, t := range o.Targets {
+		mr.Groups = append(mr.Groups, t.Name)
+		s.Y = append(s.Y, t.MaxRate)
+	}
+	mr.Series = []svg.Series{s}
+	cpu := &svg.GroupedBars{Title: "CPU seconds per 1k requests", YLabel: "CPU s"}
+	sp, sb := svg.Series{Name: "proxy"}, svg.Series{Name: "backends"}
+	for _, t := range o.Targets {
+		cpu.Groups = append(cpu.Groups, t.Name)
+		sp.Y = append(sp.Y, cpuPer1k(t.ProxyCPU, t.Requests))
+		sb.Y = append(sb.Y, cpuPer1k(t.BackCPU, t.Requests))
+	}
+	cpu.Series = []svg.Series{sp, sb}
+	f.Add(lc, gb, mr, cpu)
+	return f
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/tether-mcp/tether/bench/internal/svg"
+)
+
+// reportEnv is what every scenario gets.
+type reportEnv struct {
+	full    bool
+	profile bool
+	outDir  string // report files
+	logDir  string // child processes' logs and configs (a temp dir)
+	tether  string // the tether binary, built from ./cmd/tether
+	logf    func(format string, a ...any)
+}
+
+func reportCommand(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("tetherbench report", flag.ContinueOnError)
+	full := fs.Bool("full", false, "longer runs and more rounds (make bench-report-full)")
+	out := fs.String("out", "bench/results", "directory for the summary, charts and raw figures")
+	readme := fs.String("readme", "", "README whose figures block (between the markers) is replaced with the summary")
+	scenarios := fs.String("scenarios", "seed,overhead,failover,placement", "comma-separated scenarios to run")
+	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")
+	profile := fs.Bool("profile", false, "also profile tether in-process under load (always on with -full)")
+	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs and configs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out}
+	start := time.Now()
+	env.logf = func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	if err := os.MkdirAll(env.outDir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "tetherbench-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		env.logf("logs and configs in %s", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	env.logDir = tmp
+	env.tether = *tetherBin
+	if env.tether == "" {
+		env.logf("building ./cmd/tether")
+		if env.tether, err = buildTether(tmp); err != nil {
+			return err
+		}
+	}
+
+	want := map[string]bool{}
+	for _, s := range strings.Split(*scenarios, ",") {
+		want[strings.TrimSpace(s)] = true
+	}
+	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Command: commandLine(*full), Full: *full, LoadBefore: loadAvg()}
+	if l := loadAvg(); l > float64(runtime.NumCPU())/2 {
+		env.logf("warning: load average %.2f on %d cores before the run: other work will distort the figures", l, runtime.NumCPU())
+	}
+	var failed []string
+	fail := func(name string, err error) {
+		env.logf("%s: FAILED: %v", name, err)
+		failed = append(failed, fmt.Sprintf("%s: %v", name, err))
+	}
+	if want["seed"] && ctx.Err() == nil {
+		env.logf("scenario 1: the seed bug")
+		if r, err := runSeed(ctx, env); err != nil {
+			fail("seed", err)
+		} else {
+			rep.Seed = r
+			writeSVG(env, "seed.svg", seedChart(r))
+		}
+	}
+	if want["overhead"] && ctx.Err() == nil {
+		env.logf("scenario 2: overhead")
+		if r, err := runOverhead(ctx, env); err != nil {
+			fail("overhead", err)
+		} else {
+			rep.Overhead = r
+			writeSVG(env, "overhead.svg", overheadChart(r))
+		}
+	}
+	if want["failover"] && ctx.Err() == nil {
+		env.logf("scenario 3: failover")
+		if r, err := runFailover(ctx, env); err != nil {
+			fail("failover", err)
+		} else {
+			rep.Failover = r
+			writeSVG(env, "failover.svg", failoverChart(r))
+		}
+	}
+	if want["placement"] && ctx.Err() == nil {
+		env.logf("scenario 4: placement")
+		r := runPlacement(env.full)
+		rep.Placement = r
+		writeSVG(env, "placement.svg", placementChart(r))
+	}
+	rep.Failed = failed
+	rep.LoadAfter = loadAvg()
+	rep.Elapsed = time.Since(start).Round(time.Second).String()
+	md := rep.markdown()
+	if err := os.WriteFile(filepath.Join(env.outDir, "summary.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	raw, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(env.outDir, "results.json"), raw, 0o644); err != nil {
+		return err
+	}
+	if *readme != "" {
+		if err := replaceBlock(*readme, md); err != nil {
+			return err
+		}
+	}
+	fmt.Print(md)
+	env.logf("done in %s; report in %s", rep.Elapsed, env.outDir)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d scenario(s) failed", len(failed))
+	}
+	return nil
+}
+
+func writeSVG(env *reportEnv, name string, f *svg.Figure) {
+	if err := os.WriteFile(filepath.Join(env.outDir, name), []byte(f.String()), 0o644); err != nil {
+		env.logf("%s: %v", name, err)
+	}
+}
+
+// report is everything one run measured.
+type report struct {
+	Date, Machine, Command string
+	Full                   bool
+	Elapsed                string
+	// 1-minute load averages before and after: anything else running on
+	// the machine shows here, and distorts every timing.
+	LoadBefore, LoadAfter float64
+	Seed                  *seedResult
+	Overhead              *overheadResult
+	Failover              *failoverResult
+	Placement             *placementResult
+	Failed                []string
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s on %s, with `%s` (%s; 1-minute load average %.2f before, %.2f after).\n\n", r.Date, r.Machine, r.Command, r.Elapsed, r.LoadBefore, r.LoadAfter)
+	if len(r.Failed) > 0 {
+		b.WriteString("**Failed scenarios:**\n\n")
+		for _, f := range r.Failed {
+			fmt.Fprintf(&b, "- %s\n", f)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString(r.targetsMarkdown())
+	if r.Seed != nil {
+		b.WriteString("\n### 1. The seed bug: ClientIP affinity against tether\n\n![seed](results/seed.svg)\n\n")
+		b.WriteString(seedMarkdown(r.Seed))
+	}
+	if r.Overhead != nil {
+		b.WriteString("\n### 2. Overhead against direct, nginx and HAProxy\n\n![overhead](results/overhead.svg)\n\n")
+		b.WriteString(overheadMarkdown(r.Overhead))
+	}
+	if r.Failover != nil {
+		b.WriteString("\n### 3. Failover under load\n\n![failover](results/failover.svg)\n\n")
+		b.WriteString(failoverMarkdown(r.Failover))
+	}
+	if r.Placement != nil {
+		b.WriteString("\n### 4. Placement quality\n\n![placement](results/placement.svg)\n\n")
+		b.WriteString(placementMarkdown(r.Placement))
+	}
+	return b.String()
+}
+
+// targetsMarkdown states where tether stands against the issue's targets.
+func (r *report) targetsMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| target | measured | met |\n|---|---|---|\n")
+	row := func(target, measured string, met bool) {
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", target, measured, map[bool]string{true: "yes", false: "**no**"}[met])
+	}
+	if o := r.Overhead; o != nil {
+		d, tm, ng := o.target("direct"), o.target("tether (memory)"), o.target("nginx")
+		ratio := func(a, b float64) float64 {
+			if b <= 0 {
+				return 0
+			}
+			return a / b
+		}
+		row("follow-up RPS ≥ 0.9× direct", fmt.Sprintf("%.0f vs %.0f req/s: %.2f×", tm.MaxRate, d.MaxRate, ratio(tm.MaxRate, d.MaxRate)), d.MaxRate > 0 && tm.MaxRate >= 0.9*d.MaxRate)
+		row("follow-up RPS ≥ 1.0× nginx", fmt.Sprintf("%.0f vs %.0f req/s: %.2f×", tm.MaxRate, ng.MaxRate, ratio(tm.MaxRate, ng.MaxRate)), ng.MaxRate > 0 && tm.MaxRate >= ng.MaxRate)
+		ta, na := tm.AddedP99, ng.AddedP99
+		row("p99 added ≤ nginx's", fmt.Sprintf("%+.2f ms vs %+.2f ms at %.0f req/s (median over rounds of p99 − direct's p99 in the same round)", ms(ta), ms(na), o.FixedRate), ta <= na)
+	}
+	if p := r.Placement; p != nil {
+		s := p.Static
+		row("sessions max/mean ≤ 1.05 at 100 sessions over 3 backends (p2c)",
+			fmt.Sprintf("mean %.3f, worst %.3f over %d seeds", s.MeanRatio["p2c"], s.WorstRatio["p2c"], s.Seeds), s.WorstRatio["p2c"] <= 1.05)
+	}
+	if f := r.Failover; f != nil {
+		for _, run := range f.Runs {
+			row("0 errors on failover ("+run.Kind+")", fmt.Sprintf("%d errors of %d requests; p99 %.1f ms in the second after the kill", run.Errors, run.Sent, ms(run.P99After)), run.Errors == 0)
+		}
+	}
+	return b.String()
+}
+
+// replaceBlock puts md between the figures markers of a README.
+func replaceBlock(path, md string) error {
+	const begin, end = "<!-- figures:begin -->", "<!-- figures:end -->"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s: no %s … %s block", path, begin, end)
+	}
+	s = s[:i+len(begin)] + "\n" + md + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// loadAvg is the 1-minute load average.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	fmt.Sscan(string(b), &l)
+	return l
+}
+
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for l := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	kernel, _ := exec.Command("uname", "-r").Output()
+	return fmt.Sprintf("%d × %s, Linux %s, %s", runtime.NumCPU(), cpu, strings.TrimSpace(string(kernel)), runtime.Version())
+}
+
+func commandLine(full bool) string {
+	if full {
+		return "make bench-report-full"
+	}
+	return "make bench-report"
+}

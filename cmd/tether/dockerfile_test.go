@@ -1,0 +1,283 @@
+package main
+
+import (
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The image cannot be built here (no container engine), so this test builds
+// what the Dockerfile's build stage builds, with the flags read from the
+// Dockerfile itself, and checks that the binary is static (distroless
+// static has no C library) and runs. It also checks the final stage: the
+// distroless static base, a non-root user and an exec-form entrypoint (the
+// image has no shell).
+func TestDockerfileBuildsAStaticBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tether (-short)")
+	}
+	src, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := parseDockerfile(string(src))
+
+	// Go version of the build stage = go.mod's.
+	gomod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("no go directive in go.mod")
+	}
+	if len(df.froms) < 2 {
+		t.Fatalf("want a multi-stage Dockerfile, got FROM lines %q", df.froms)
+	}
+	if build := expand(df.froms[0], df.args); !strings.Contains(build, "golang:"+string(m[1])) {
+		t.Errorf("build stage %q: want golang:%s (go.mod)", build, m[1])
+	}
+	if final := df.froms[len(df.froms)-1]; final != "gcr.io/distroless/static-debian12:nonroot" {
+		t.Errorf("final stage FROM %q, want gcr.io/distroless/static-debian12:nonroot", final)
+	}
+	if u := df.user; u == "" || u == "0" || strings.HasPrefix(u, "root") || strings.HasPrefix(u, "0:") {
+		t.Errorf("USER %q: want a non-root user", u)
+	}
+	if !strings.HasPrefix(df.entrypoint, "[") {
+		t.Errorf("ENTRYPOINT %s: want the exec form (the image has no shell)", df.entrypoint)
+	}
+
+	// The build command, as the Dockerfile runs it.
+	const testVersion = "v0.0.0-dockerfile-test"
+	vars := map[string]string{"VERSION": testVersion, "TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH}
+	env, args := splitBuildCommand(t, expand(df.build, vars))
+	if env["CGO_ENABLED"] != "0" {
+		t.Errorf("build sets CGO_ENABLED=%q, want 0", env["CGO_ENABLED"])
+	}
+	if !slices.Contains(args, "-trimpath") {
+		t.Errorf("build args %q: want -trimpath", args)
+	}
+	if i := slices.Index(args, "-ldflags"); i < 0 || !strings.Contains(args[i+1], "-X main.version="+testVersion) {
+		t.Errorf("build args %q: want -ldflags with -X main.version=${VERSION}", args)
+	}
+	out := filepath.Join(t.TempDir(), "tether")
+	i := slices.Index(args, "-o")
+	if i < 0 {
+		t.Fatalf("build args %q: no -o", args)
+	}
+	args[i+1] = out
+
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	// Build in a copy of the build context (.dockerignore applied), so a
+	// file the build needs cannot be left out of the image's context.
+	cmd := exec.Command(goCmd, args...)
+	cmd.Dir = buildContext(t, "../..")
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+
+	f, err := elf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Error("the binary has a program interpreter (PT_INTERP): it is dynamically linked")
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+		t.Errorf("the binary needs shared libraries (DT_NEEDED) %q (err %v)", libs, err)
+	}
+
+	got, err := exec.Command(out, "version").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(got)) != "tether "+testVersion {
+		t.Errorf("tether version: %q (err %v), want %q", got, err, "tether "+testVersion)
+	}
+}
+
+// dockerfile is what the test reads from the Dockerfile.
+type dockerfile struct {
+	args       map[string]string // ARG defaults
+	froms      []string          // images of the FROM lines (flags and AS dropped)
+	user       string            // the last USER
+	entrypoint string            // the last ENTRYPOINT
+	build      string            // the RUN command that runs go build (mount flags dropped)
+}
+
+func parseDockerfile(src string) dockerfile {
+	df := dockerfile{args: map[string]string{}}
+	// Join continuation lines, drop comments.
+	var lines []string
+	cur := ""
+	for _, l := range strings.Split(src, "\n") {
+		if t := strings.TrimSpace(l); strings.HasPrefix(t, "#") || (t == "" && cur == "") {
+			continue
+		}
+		if strings.HasSuffix(l, "\\") {
+			cur += strings.TrimSuffix(l, "\\") + " "
+			continue
+		}
+		lines = append(lines, strings.TrimSpace(cur+l))
+		cur = ""
+	}
+	for _, l := range lines {
+		instr, rest, _ := strings.Cut(l, " ")
+		rest = strings.TrimSpace(rest)
+		switch strings.ToUpper(instr) {
+		case "ARG":
+			if k, v, ok := strings.Cut(rest, "="); ok {
+				df.args[k] = v
+			}
+		case "FROM":
+			fields := strings.Fields(rest)
+			for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
+				fields = fields[1:]
+			}
+			if len(fields) > 0 {
+				df.froms = append(df.froms, fields[0])
+			}
+		case "USER":
+			df.user = rest
+		case "ENTRYPOINT":
+			df.entrypoint = rest
+		case "RUN":
+			fields := strings.Fields(rest)
+			for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
+				fields = fields[1:]
+			}
+			if cmd := strings.Join(fields, " "); strings.Contains(cmd, "go build") {
+				df.build = cmd
+			}
+		}
+	}
+	return df
+}
+
+// expand replaces ${NAME} and $NAME from vars.
+func expand(s string, vars map[string]string) string {
+	return os.Expand(s, func(k string) string { return vars[k] })
+}
+
+// splitBuildCommand splits `A=1 B=2 go build ARGS...` into its environment
+// and go's arguments (words as a POSIX shell splits them, double and single
+// quotes included).
+func splitBuildCommand(t *testing.T, cmd string) (map[string]string, []string) {
+	t.Helper()
+	var words []string
+	var b strings.Builder
+	inWord := false
+	var quote rune
+	for _, r := range cmd {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			b.WriteRune(r)
+		case r == '"' || r == '\'':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t':
+			if inWord {
+				words = append(words, b.String())
+				b.Reset()
+				inWord = false
+			}
+		default:
+			b.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, b.String())
+	}
+	env := map[string]string{}
+	for len(words) > 0 {
+		k, v, ok := strings.Cut(words[0], "=")
+		if !ok || strings.ContainsAny(k, "-/") {
+			break
+		}
+		env[k] = v
+		words = words[1:]
+	}
+	if len(words) < 2 || words[0] != "go" || words[1] != "build" {
+		t.Fatalf("the Dockerfile's build command %q is not `[VAR=VALUE]... go build ...`", cmd)
+	}
+	return env, words[1:]
+}
+
+// buildContext copies root into a temporary directory, leaving out what
+// root/.dockerignore excludes, as docker does before a build.
+func buildContext(t *testing.T, root string) string {
+	t.Helper()
+	ignore, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, l := range strings.Split(string(ignore), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			if strings.HasPrefix(l, "!") {
+				t.Fatalf(".dockerignore: exceptions (%s) are not supported by this test", l)
+			}
+			patterns = append(patterns, strings.TrimPrefix(filepath.Clean(l), "/"))
+		}
+	}
+	excluded := func(rel string) bool {
+		for _, p := range patterns {
+			if ok, _ := filepath.Match(p, rel); ok {
+				return true
+			}
+			// **/NAME: NAME at any depth.
+			if name, ok := strings.CutPrefix(p, "**/"); ok {
+				if m, _ := filepath.Match(name, filepath.Base(rel)); m {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	dst := t.TempDir()
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil || rel == "." {
+			return err
+		}
+		if excluded(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
