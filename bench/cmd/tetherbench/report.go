@@ -116,8 +116,11 @@ func reportCommand(ctx context.Context, args []string) error {
 	if err := os.WriteFile(filepath.Join(env.outDir, "summary.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
-	raw, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(filepath.Join(env.outDir, "results.json"), raw, 0o644); err != nil {
+	// A figure that could not be measured is NaN or ±Inf, which JSON cannot
+	// carry: say so rather than write an empty file.
+	if raw, err := json.MarshalIndent(rep, "", "  "); err != nil {
+		env.logf("results.json not written: %v", err)
+	} else if err := os.WriteFile(filepath.Join(env.outDir, "results.json"), raw, 0o644); err != nil {
 		return err
 	}
 	if *readme != "" {
