@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test check unit conformance bench bench-report bench-report-full fuzz build kube-env image
+.PHONY: demo test check unit conformance bench bench-full microbench bench-report bench-report-full fuzz build kube-env image
 
 demo:
 	$(GO) run ./cmd/tether demo
@@ -30,17 +30,19 @@ unit:
 conformance:
 	bash hack/conformance.sh
 
-bench:
+# Go micro-benchmarks of the hot paths (pick, session lookup, the request
+# path), with allocations.
+microbench:
 	$(GO) test -run '^$$' -bench . -benchmem ./balancer/ ./session/ ./proxy/
 
 # The benchmark report (bench/README.md): the seed bug in network namespaces
 # with kube-proxy's iptables rules, overhead against direct/nginx/HAProxy,
 # failover, placement. Under 5 minutes on 2 cores; -full runs longer.
 # Installs nginx, haproxy, redis-server and iptables with apt when missing.
-bench-report:
+bench bench-report:
 	$(GO) run ./bench/cmd/tetherbench -out bench/results -readme bench/README.md
 
-bench-report-full:
+bench-full bench-report-full:
 	$(GO) run ./bench/cmd/tetherbench -full -out bench/results -readme bench/README.md
 
 fuzz:

@@ -27,7 +27,7 @@ type reportEnv struct {
 
 func reportCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tetherbench report", flag.ContinueOnError)
-	full := fs.Bool("full", false, "longer runs and more rounds (make bench-report-full)")
+	full := fs.Bool("full", false, "longer runs and more rounds (make bench-full)")
 	out := fs.String("out", "bench/results", "directory for the summary, charts and raw figures")
 	readme := fs.String("readme", "", "README whose figures block (between the markers) is replaced with the summary")
 	scenarios := fs.String("scenarios", "seed,overhead,failover,placement", "comma-separated scenarios to run")
@@ -266,7 +266,7 @@ func machine() string {
 
 func commandLine(full bool) string {
 	if full {
-		return "make bench-report-full"
+		return "make bench-full"
 	}
-	return "make bench-report"
+	return "make bench"
 }
