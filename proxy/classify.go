@@ -184,43 +184,18 @@ func parseMessages(body []byte, c *Classification) *requestError {
 		return nil
 	}
 
-	// A batch is classified as a whole: initialize anywhere makes it a new
-	// session; otherwise any request makes it a request; otherwise it is
-	// notifications and/or responses, both answered 202 by the server.
-	c.Batch = true
-	c.Kind = KindNotification
+	var batch batchKind
+	batch.start(c)
 	var rerr *requestError
-	n, sawResponse, sawNotification := 0, false, false
+	n := 0
 	scanArray(body, func(elem []byte) bool {
 		n++
 		var m wireMessage
 		if m, rerr = decodeMessage(elem); rerr != nil {
 			return false
 		}
-		var kind Kind
-		if kind, rerr = messageKind(&m); rerr != nil {
-			return false
-		}
-		switch kind {
-		case KindInitialize:
-			c.Kind = KindInitialize
-			c.Method = "initialize"
-		case KindRequest:
-			if c.Kind != KindInitialize {
-				c.Kind = KindRequest
-				if c.Method == "" {
-					c.Method = m.Method
-				}
-			}
-		case KindResponse:
-			sawResponse = true
-		case KindNotification:
-			sawNotification = true
-			if c.Method == "" && c.Kind == KindNotification {
-				c.Method = m.Method
-			}
-		}
-		return true
+		rerr = batch.add(c, &m)
+		return rerr == nil
 	})
 	switch {
 	case rerr != nil:
@@ -228,10 +203,53 @@ func parseMessages(body []byte, c *Classification) *requestError {
 	case n == 0:
 		return errEmptyBatch
 	}
-	if c.Kind == KindNotification && sawResponse && !sawNotification {
-		c.Kind = KindResponse
+	batch.finish(c)
+	return nil
+}
+
+// batchKind classifies a batch as a whole: initialize anywhere makes it a
+// new session; otherwise any request makes it a request; otherwise it is
+// notifications and/or responses, both answered 202 by the server.
+// Callers pass the Classification to each step rather than keep a pointer
+// to it here, so that it stays on their stack.
+type batchKind struct {
+	sawResponse, sawNotification bool
+}
+
+func (b *batchKind) start(c *Classification) {
+	c.Batch, c.Kind = true, KindNotification
+}
+
+func (b *batchKind) add(c *Classification, m *wireMessage) *requestError {
+	kind, rerr := messageKind(m)
+	if rerr != nil {
+		return rerr
+	}
+	switch kind {
+	case KindInitialize:
+		c.Kind, c.Method = KindInitialize, "initialize"
+	case KindRequest:
+		if c.Kind != KindInitialize {
+			c.Kind = KindRequest
+			if c.Method == "" {
+				c.Method = m.Method
+			}
+		}
+	case KindResponse:
+		b.sawResponse = true
+	case KindNotification:
+		b.sawNotification = true
+		if c.Method == "" && c.Kind == KindNotification {
+			c.Method = m.Method
+		}
 	}
 	return nil
+}
+
+func (b *batchKind) finish(c *Classification) {
+	if c.Kind == KindNotification && b.sawResponse && !b.sawNotification {
+		c.Kind = KindResponse
+	}
 }
 
 // decodeMessage reads one batch member or single message (valid JSON).

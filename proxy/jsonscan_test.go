@@ -35,39 +35,19 @@ func parseMessagesReference(body []byte, c *Classification) *requestError {
 	if len(batch) == 0 {
 		return errEmptyBatch
 	}
-	c.Batch, c.Kind = true, KindNotification
-	sawResponse, sawNotification := false, false
+	// Decoding is what differs; folding the members' kinds is shared.
+	var bk batchKind
+	bk.start(c)
 	for _, j := range batch {
 		m := wireMessage{JSONRPC: j.JSONRPC, ID: j.ID, Result: j.Result, Error: j.Error}
 		if j.Method != nil {
 			m.Method, m.HasMethod = *j.Method, true
 		}
-		kind, rerr := messageKind(&m)
-		if rerr != nil {
+		if rerr := bk.add(c, &m); rerr != nil {
 			return rerr
 		}
-		switch kind {
-		case KindInitialize:
-			c.Kind, c.Method = KindInitialize, "initialize"
-		case KindRequest:
-			if c.Kind != KindInitialize {
-				c.Kind = KindRequest
-				if c.Method == "" {
-					c.Method = m.Method
-				}
-			}
-		case KindResponse:
-			sawResponse = true
-		case KindNotification:
-			sawNotification = true
-			if c.Method == "" && c.Kind == KindNotification {
-				c.Method = m.Method
-			}
-		}
 	}
-	if c.Kind == KindNotification && sawResponse && !sawNotification {
-		c.Kind = KindResponse
-	}
+	bk.finish(c)
 	return nil
 }
 

@@ -70,9 +70,10 @@ func (p *Proxy) finish(r *http.Request, x *exchange) {
 	if x.ep != nil {
 		backend = x.ep.String()
 	}
-	p.metrics.Request(route, backend, status, time.Since(x.start))
+	now := time.Now()
+	p.metrics.Request(route, backend, status, now.Sub(x.start))
 	if x.routed {
-		p.recordDecision(x, status)
+		p.recordDecision(x, status, now)
 	}
 	if x.span != nil {
 		x.span.SetAttributes(semconv.HTTPResponseStatusCode(status), attribute.String("tether.route", route))
@@ -93,7 +94,7 @@ func (p *Proxy) endRouteSpan(span trace.Span, x *exchange) {
 		attrs[1] = attribute.String("tether.route", "refused")
 	}
 	if sid := x.class.SessionID; sid != "" {
-		attrs = append(attrs, attribute.String("mcp.session.id", hashSessionID(sid)))
+		attrs = append(attrs, attribute.String("mcp.session.id", HashSessionID(sid)))
 	}
 	if x.ep != nil {
 		attrs = append(attrs, attribute.String("tether.backend", x.ep.String()))
@@ -176,11 +177,11 @@ func (d *decisionLog) entry(sid string, create bool) *sessionDecisions {
 	if e, ok := sh.Get(sid); ok || !create {
 		return e
 	}
-	e, _, _ := sh.PeekOrAdd(sid, &sessionDecisions{})
-	if e == nil {
-		e, _ = sh.Peek(sid)
+	fresh := &sessionDecisions{}
+	if prev, found, _ := sh.PeekOrAdd(sid, fresh); found {
+		return prev // added by a concurrent request
 	}
-	return e
+	return fresh
 }
 
 func (d *decisionLog) remove(sid string) { d.shard(sid).Remove(sid) }
@@ -201,7 +202,7 @@ func (p *Proxy) History(sid string) (SessionHistory, bool) {
 	}, true
 }
 
-func (p *Proxy) recordDecision(x *exchange, status int) {
+func (p *Proxy) recordDecision(x *exchange, status int, now time.Time) {
 	sid := x.class.SessionID
 	if x.route == RouteNew {
 		sid = x.newSID
@@ -210,7 +211,6 @@ func (p *Proxy) recordDecision(x *exchange, status int) {
 		return // stateless, or an initialize that created no session
 	}
 	e := p.decisions.entry(sid, true)
-	now := time.Now()
 	if x.route == RouteNew || x.route == RouteReinit {
 		d := &Decision{Route: x.route.String(), Reason: x.reinit, Status: status, At: now}
 		if x.ep != nil {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/session"
@@ -70,17 +71,16 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 		defer cancel()
 		return p.moveSession(fctx, stale, rc)
 	})
-	var res singleflightResult
+	var res singleflight.Result
 	select {
-	case r := <-ch:
-		res = singleflightResult{r.Val, r.Err}
+	case res = <-ch:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if res.err != nil {
-		return res.err
+	if res.Err != nil {
+		return res.Err
 	}
-	mv := res.val.(moved)
+	mv := res.Val.(moved)
 	rec := mv.rec
 	x.weighed = mv.weighed
 	ep, ok := p.bal.Lookup(rec.BackendID)
@@ -90,11 +90,6 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 	x.rec, x.ep, x.backendSID = rec, ep, rec.BackendSID
 	x.route, x.reinit = RouteReinit, reason
 	return nil
-}
-
-type singleflightResult struct {
-	val any
-	err error
 }
 
 // moved is a re-initialization's outcome, shared by every request that
@@ -111,7 +106,7 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 	var span trace.Span
 	if p.tracer != nil {
 		ctx, span = p.tracer.Start(ctx, "tether.reinit", trace.WithAttributes(
-			attribute.String("mcp.session.id", hashSessionID(stale.ClientSID)),
+			attribute.String("mcp.session.id", HashSessionID(stale.ClientSID)),
 			attribute.String("tether.reinit.reason", rc.reason),
 			attribute.String("tether.reinit.from", stale.BackendURL)))
 		defer span.End()
@@ -194,7 +189,7 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		}
 		ep.AddSessions(1)
 		p.log.Info("session re-initialized",
-			"session", hashSessionID(stored.ClientSID),
+			"session", HashSessionID(stored.ClientSID),
 			"reason", rc.reason,
 			"from", cur.BackendURL,
 			"to", stored.BackendURL,
@@ -385,9 +380,10 @@ func initializeVersion(data []byte) (string, error) {
 	return "", errNotAResponse
 }
 
-// hashSessionID is how session ids appear in logs and traces: a session id
-// is a bearer credential on many servers, so only a digest is shown.
-func hashSessionID(sid string) string {
+// HashSessionID is how a session id appears in logs, traces and the admin
+// endpoints: a session id is a bearer credential on many servers, so only
+// a digest is shown.
+func HashSessionID(sid string) string {
 	sum := sha256.Sum256([]byte(sid))
 	return hex.EncodeToString(sum[:8])
 }

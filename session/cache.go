@@ -137,7 +137,7 @@ func NewCache(opts CacheOptions) *Cache {
 	go func() { defer c.wg.Done(); c.touchLoop(ctx) }()
 	go func() {
 		defer c.wg.Done()
-		c.shared.Invalidations(ctx, c.invalidate, func() { c.staleBefore.Store(c.now().UnixNano()) })
+		c.shared.Invalidations(ctx, c.Invalidate, func() { c.staleBefore.Store(c.now().UnixNano()) })
 	}()
 	go func() { defer c.wg.Done(); c.healthLoop(ctx) }()
 	return c
@@ -157,10 +157,8 @@ func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
 	return e
 }
 
-func (c *Cache) invalidate(sid string) { c.shard(sid).Remove(sid) }
-
 // Invalidate drops the cached copy of a session; the next use reads Redis.
-func (c *Cache) Invalidate(clientSID string) { c.invalidate(clientSID) }
+func (c *Cache) Invalidate(clientSID string) { c.shard(clientSID).Remove(clientSID) }
 
 // alive reports whether a cached entry's session is still within its idle
 // TTL as this replica has seen it used.
@@ -291,7 +289,7 @@ func (c *Cache) Swap(ctx context.Context, old, next *Record) (*Record, error) {
 		c.put(cur, now)
 		return cur, err
 	case errors.Is(err, ErrNotFound):
-		c.invalidate(old.ClientSID)
+		c.Invalidate(old.ClientSID)
 		return nil, err
 	default:
 		c.markDegraded(err)
@@ -363,7 +361,7 @@ func withLastUsed(r *Record, t time.Time) *Record {
 // the Redis record is left to expire.
 func (c *Cache) Delete(ctx context.Context, clientSID string) (*Record, error) {
 	e, cached := c.shard(clientSID).Peek(clientSID)
-	c.invalidate(clientSID)
+	c.Invalidate(clientSID)
 	pending := c.takePending(clientSID)
 	if c.degraded.Load() {
 		switch {

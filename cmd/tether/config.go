@@ -15,6 +15,7 @@ import (
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/telemetry"
 )
 
 // config is the serve command's configuration (DESIGN §6). Every flag can
@@ -169,7 +170,7 @@ func (c config) validate() error {
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
+	if _, err := telemetry.ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
 	for _, addr := range []struct{ flag, value string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {

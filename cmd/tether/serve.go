@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,8 +19,6 @@ import (
 	"github.com/tether-mcp/tether/session"
 	"github.com/tether-mcp/tether/telemetry"
 )
-
-func parseLevel(s string) (slog.Level, error) { return telemetry.ParseLevel(s) }
 
 // newLogger builds the process logger from validated settings.
 func newLogger(w io.Writer, format, level string) *slog.Logger {
@@ -169,7 +168,7 @@ func (s *server) run(ctx context.Context, source discovery.Source) error {
 	go func() { serveErr <- s.client.Serve(s.clientLn) }()
 	go func() { serveErr <- s.admin.Serve(s.adminLn) }()
 	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(),
-		"balancer", s.cfg.Balancer, "store", storeName(s.cfg), "tracing", cmpOr(s.tracing.Exporter, "off"))
+		"balancer", s.cfg.Balancer, "store", storeName(s.cfg), "tracing", cmp.Or(s.tracing.Exporter, "off"))
 
 	select {
 	case <-synced:
@@ -267,13 +266,6 @@ func storeName(cfg config) string {
 		return "redis"
 	}
 	return "memory"
-}
-
-func cmpOr(v, fallback string) string {
-	if v == "" {
-		return fallback
-	}
-	return v
 }
 
 // dropIdleOnDeparture closes the idle backend connections when an endpoint

@@ -175,16 +175,6 @@ func (b *Backend) Restart(grace time.Duration) error {
 // Close stops the backend at once.
 func (b *Backend) Close() { b.Kill(0) }
 
-// Alive reports whether the backend is serving.
-func (b *Backend) Alive() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.srv != nil
-}
-
-// ErrStopped is returned by helpers when a backend is not running.
-var ErrStopped = errors.New("backend stopped")
-
 // Whoami calls a backend's whoami tool through cs and returns the name of
 // the backend that answered.
 func Whoami(ctx context.Context, cs *mcp.ClientSession) (string, error) {
