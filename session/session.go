@@ -28,6 +28,10 @@ var (
 	// ErrConflict reports a lost compare-and-swap: the stored record's
 	// Version is no longer the one the caller read.
 	ErrConflict = errors.New("session: record changed concurrently")
+	// ErrExists reports a Create for a client session id that a live record
+	// already holds: two backends minted the same id (a counter, a weak
+	// generator), and the second must not take the first one's session.
+	ErrExists = errors.New("session: id already held by a live session")
 )
 
 // Record is what tether knows of one MCP session (DESIGN §4).
@@ -55,6 +59,11 @@ type Record struct {
 	// ProtocolVersion is the MCP-Protocol-Version header of that initialize
 	// request, if it had one.
 	ProtocolVersion string
+	// Principal is a keyed digest of the credential headers that reached
+	// the backend with the initialize ("" when it carried none). A session
+	// is re-initialized only for a request whose credentials give the same
+	// digest; the credentials themselves are never stored.
+	Principal string
 	// Created is when the session was first recorded.
 	Created time.Time
 	// LastUsed is the last use the store accepted (Create, Swap, or a Touch).
@@ -91,9 +100,10 @@ type Store interface {
 	// replica has already moved it.
 	Reload(ctx context.Context, clientSID string) (*Record, error)
 	// Create stores a copy of r with Version 1 and LastUsed set to the
-	// store's clock; r itself is not modified and may be reused. An existing
-	// record with the same ClientSID is replaced: a backend that mints an id
-	// again has started a new session.
+	// store's clock; r itself is not modified and may be reused. If a live
+	// record already holds r.ClientSID, Create stores nothing and returns
+	// ErrExists: a session never changes hands because another backend
+	// minted the same id. An expired record with the id is replaced.
 	Create(ctx context.Context, r *Record) error
 	// Swap replaces the stored record by a copy of next if and only if the
 	// stored Version equals old.Version; the stored copy gets Version
