@@ -432,14 +432,14 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, x *exchange) out
 type attemptState struct {
 	x      *exchange
 	ep     *balancer.Endpoint
-	path   string // the client's request path (not the request: keeping it would move it to the heap)
+	path   string       // the client's request path (not the request: keeping it would move it to the heap)
 	body   bytes.Reader // the outgoing body: the attempt is its own reader, one allocation less
 	result outcome
 }
 
 // Read and Close make the attempt the outgoing request's body.
 func (a *attemptState) Read(b []byte) (int, error) { return a.body.Read(b) }
-func (a *attemptState) Close() error                { return nil }
+func (a *attemptState) Close() error               { return nil }
 
 type attemptKey struct{}
 
