@@ -56,6 +56,8 @@ type harnessOptions struct {
 	metrics bool
 	// transport sends to the backends; nil is proxy.NewTransport(false).
 	transport http.RoundTripper
+	// wrapStore, when set, puts a test store in front of the session store.
+	wrapStore func(session.Store) session.Store
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -136,6 +138,9 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 		copts.Shared = session.NewRedis(ropts)
 		h.cache = session.NewCache(copts)
 		h.store = h.cache
+	}
+	if o.wrapStore != nil {
+		h.store = o.wrapStore(h.store)
 	}
 	t.Cleanup(func() { h.store.Close() })
 	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody,
