@@ -589,4 +589,3 @@ func TestInitializeBodyLimit(t *testing.T) {
 		t.Errorf("70 KiB tools/call: %d %q %v, want it forwarded", status, body, err)
 	}
 }
-
