@@ -442,6 +442,29 @@ func TestReinitializationOnlyForTheSessionsCreator(t *testing.T) {
 	if status, _, got, _ := mcpPost(ctx, client, h.endpoint(), sid, whoamiBody, bob...); status != http.StatusForbidden {
 		t.Errorf("bob on alice's re-initialized session: %d %q, want 403", status, got)
 	}
+
+	// Once that backend dies too, bob cannot end alice's session either.
+	other.http.Close()
+	del := func(who []string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, h.endpoint(), nil)
+		req.Header.Set("Mcp-Session-Id", sid)
+		req.Header.Set(who[0], who[1])
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if status := del(bob); status != http.StatusNotFound {
+		t.Errorf("bob's DELETE of alice's session with its backends gone: %d, want 404", status)
+	}
+	if _, err := h.store.Get(ctx, sid); err != nil {
+		t.Errorf("alice's session ended by bob's DELETE: %v", err)
+	}
+	if status := del(alice); status != http.StatusNoContent {
+		t.Errorf("alice's DELETE of her session with its backends gone: %d, want 204", status)
+	}
 }
 
 // refusingStore honours Store.Create's contract that a live record's id is

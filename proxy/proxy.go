@@ -323,8 +323,7 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 	if x.class.Kind == KindDelete {
 		if !alive {
 			// Nothing is left to end on the backend; the session ends here.
-			p.endSession(ctx, rec)
-			w.WriteHeader(http.StatusNoContent)
+			p.endDeadSession(ctx, w, r, rec)
 			return false
 		}
 		x.ep = ep
@@ -390,8 +389,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		if x.class.Kind == KindDelete {
 			// The backend that held the session is gone: the session ends.
-			p.endSession(r.Context(), x.rec)
-			w.WriteHeader(http.StatusNoContent)
+			p.endDeadSession(r.Context(), w, r, x.rec)
 			return
 		}
 		if err := p.reinitialize(r.Context(), r, x, o.retry); err != nil {
@@ -456,6 +454,18 @@ type retryError struct {
 }
 
 func (e *retryError) Error() string { return "retry: " + e.reason }
+
+// endDeadSession answers a DELETE of a session whose backend is gone. The
+// backend can no longer check who ends the session, so tether does: only
+// its creator may (anyone else learns nothing, as for an unknown session).
+func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *session.Record) {
+	if !p.principal.matches(rec.Principal, r.Header) {
+		writeJSONRPCError(w, http.StatusNotFound, nil, codeSessionNotFound, "session not found")
+		return
+	}
+	p.endSession(ctx, rec)
+	w.WriteHeader(http.StatusNoContent)
+}
 
 // endSession removes a session record and its count on the backend.
 func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {

@@ -210,8 +210,12 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		if old, ok := p.bal.Lookup(cur.BackendID); ok {
 			old.AddSessions(-1)
 			// The superseded backend session would otherwise live on until
-			// the backend's idle timeout (or for ever): end it.
-			p.deleteLater(old, cur.BackendSID, rc)
+			// the backend's idle timeout (or for ever): end it. Unless it is
+			// the new one: a backend that restarted with a counter for ids
+			// may have minted the same id again.
+			if old != ep || cur.BackendSID != sid {
+				p.deleteLater(old, cur.BackendSID, rc)
+			}
 		}
 		ep.AddSessions(1)
 		p.log.Info("session re-initialized",
