@@ -612,3 +612,49 @@ func TestInitializeBodyLimit(t *testing.T) {
 		t.Errorf("70 KiB tools/call: %d %q %v, want it forwarded", status, body, err)
 	}
 }
+
+// A principal header of the deployment's own (a gateway's user header)
+// binds the session like Authorization does, and it is replayed with the
+// initialize, so that the new backend session belongs to the same user.
+func TestPrincipalHeaderIsReplayed(t *testing.T) {
+	var mu sync.Mutex
+	var initUsers []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		switch {
+		case bytes.Contains(body, []byte(`"initialize"`)):
+			mu.Lock()
+			initUsers = append(initUsers, r.Header.Get("X-Auth-Request-User"))
+			n := len(initUsers)
+			mu.Unlock()
+			w.Header().Set("Mcp-Session-Id", fmt.Sprintf("backend-session-%d", n))
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}`)
+		case r.Header.Get("Mcp-Session-Id") == "backend-session-1":
+			http.Error(w, "session not found", http.StatusNotFound) // forgotten at once
+		default:
+			w.WriteHeader(http.StatusAccepted)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	h := newTether(t, []string{srv.URL}, harnessOptions{principalHeaders: []string{"X-Auth-Request-User"}})
+	ctx := testContext(t)
+	client := &http.Client{}
+	status, hdr, _, err := mcpPost(ctx, client, h.endpoint(), "", initializeBody, "X-Auth-Request-User", "alice")
+	sid := hdr.Get("Mcp-Session-Id")
+	if err != nil || status != http.StatusOK || sid == "" {
+		t.Fatalf("initialize: %d %v", status, err)
+	}
+	note := `{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}`
+	if status, _, body, _ := mcpPost(ctx, client, h.endpoint(), sid, note, "X-Auth-Request-User", "mallory"); status != http.StatusNotFound {
+		t.Errorf("another user's request on the lost session: %d %q, want 404", status, body)
+	}
+	if status, _, body, _ := mcpPost(ctx, client, h.endpoint(), sid, note, "X-Auth-Request-User", "alice"); status != http.StatusAccepted {
+		t.Errorf("the creator's request on the lost session: %d %q, want it re-initialized and accepted", status, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(initUsers) != 2 || initUsers[1] != "alice" {
+		t.Errorf("initialize requests carried users %q, want [alice alice]", initUsers)
+	}
+}

@@ -58,6 +58,8 @@ type harnessOptions struct {
 	transport http.RoundTripper
 	// wrapStore, when set, puts a test store in front of the session store.
 	wrapStore func(session.Store) session.Store
+	// principalHeaders is proxy.Config.PrincipalHeaders.
+	principalHeaders []string
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -144,7 +146,7 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	}
 	t.Cleanup(func() { h.store.Close() })
 	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody,
-		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport})
+		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport, PrincipalHeaders: o.principalHeaders})
 	if o.loadSync > 0 {
 		go h.proxy.RunLoadSync(ctx, o.loadSync)
 	}

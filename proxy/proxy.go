@@ -623,7 +623,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			p.log.Warn("backend minted a session id that a live session holds; initializing elsewhere",
 				"session", HashSessionID(sid), "backend", a.ep.String())
 			out := resp.Request
-			p.deleteLater(a.ep, sid, replayContextOf(out.Host, a.path, out.Header, x, reasonIDTaken))
+			p.deleteLater(a.ep, sid, p.replayContextOf(out.Host, a.path, out.Header, x, reasonIDTaken))
 			return &retryError{reason: reasonIDTaken, err: err}
 		}
 		if err != nil {

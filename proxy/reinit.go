@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strings"
 	"time"
 
@@ -48,22 +49,26 @@ type replayContext struct {
 }
 
 // newReplayContext copies what a request to a backend on r's behalf needs.
-func newReplayContext(r *http.Request, x *exchange, reason string) replayContext {
-	return replayContextOf(r.Host, r.URL.Path, r.Header, x, reason)
+func (p *Proxy) newReplayContext(r *http.Request, x *exchange, reason string) replayContext {
+	return p.replayContextOf(r.Host, r.URL.Path, r.Header, x, reason)
 }
 
-func replayContextOf(host, path string, h http.Header, x *exchange, reason string) replayContext {
+// replayContextOf copies the replayed headers and the principal headers
+// (the credentials a backend may bind the session to) from h.
+func (p *Proxy) replayContextOf(host, path string, h http.Header, x *exchange, reason string) replayContext {
 	rc := replayContext{
 		host:            host,
 		path:            path,
 		protocolVersion: x.class.ProtocolVersion,
-		header:          make(http.Header, len(replayHeaders)),
+		header:          make(http.Header, len(replayHeaders)+len(p.principal.headers)),
 		exclude:         x.excluded,
 		reason:          reason,
 	}
-	for _, name := range replayHeaders {
-		if v := h.Values(name); len(v) > 0 {
-			rc.header[name] = append([]string(nil), v...)
+	for _, list := range [][]string{replayHeaders, p.principal.headers} {
+		for _, name := range list {
+			if v := h.Values(name); len(v) > 0 {
+				rc.header[textproto.CanonicalMIMEHeaderKey(name)] = append([]string(nil), v...)
+			}
 		}
 	}
 	return rc
@@ -86,7 +91,7 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 			"session", HashSessionID(stale.ClientSID), "reason", reason)
 		return errOtherPrincipal
 	}
-	rc := newReplayContext(r, x, reason)
+	rc := p.newReplayContext(r, x, reason)
 	ch := p.flights.DoChan(stale.ClientSID, func() (any, error) {
 		// The flight outlives any one waiter: it must finish even if the
 		// request that started it is cancelled, since others wait on it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/textproto"
 	"slices"
 	"strings"
 	"time"
@@ -221,6 +222,9 @@ func (c config) validate() error {
 		if !validHeaderName(h) {
 			return fmt.Errorf("--principal-headers: %q is not a header name", h)
 		}
+		if hopByHop[textproto.CanonicalMIMEHeaderKey(h)] {
+			return fmt.Errorf("--principal-headers: %s is a hop-by-hop header: it never reaches the backend", h)
+		}
 	}
 	for _, b := range c.Backends {
 		if _, err := discovery.ParseBackendURL(b); err != nil {
@@ -228,6 +232,13 @@ func (c config) validate() error {
 		}
 	}
 	return nil
+}
+
+// hopByHop are the headers a proxy removes (RFC 9110 §7.6.1), which
+// therefore never reach a backend.
+var hopByHop = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
 // validHeaderName reports whether h is an HTTP field name (an RFC 9110 token).

@@ -62,6 +62,7 @@ func TestParseServeFlags(t *testing.T) {
 
 		{"no backends", nil, env(), config{}, "no backends"},
 		{"zero max init body", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "0"}, env(), config{}, "--max-init-body"},
+		{"hop-by-hop principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "proxy-authorization"}, env(), config{}, "hop-by-hop"},
 		{"bad principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "Authorization,X User"}, env(), config{}, "--principal-headers"},
 		{"short principal key", []string{"--backends", "http://127.0.0.1:9001"}, env("TETHER_PRINCIPAL_KEY", "short"), config{}, "at least 32 bytes"},
 		{"two principal keys", []string{"--backends", "http://127.0.0.1:9001", "--principal-key-file", "/k"}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)), config{}, "mutually exclusive"},
