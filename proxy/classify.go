@@ -60,15 +60,35 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.message }
 
-// JSON-RPC error codes tether answers with. -32000..-32099 are reserved for
-// implementation-defined server errors.
+// JSON-RPC error codes tether answers with. JSON-RPC leaves -32000..-32099
+// to implementations; MCP 2026-07-28 reserves -32020..-32099 for codes its
+// schema defines (-32020 header mismatch, -32021 missing client capability,
+// -32022 unsupported protocol version) and keeps -32002 (resource not found
+// before 2026-07-28, which mcp-go still maps to ErrResourceNotFound) and
+// -32042 (URL elicitation required, 2025-11-25) retired, never to be reused.
+// In -32000..-32019 the SDKs already use -32000 (TypeScript, Python, Kotlin:
+// connection closed), -32001 (TypeScript, Python: request timeout; go-sdk:
+// unknown error), -32003 and -32004 (go-sdk: client or server closing;
+// TypeScript drafts of 2026-07-28: missing capability, unsupported version)
+// and -32005 (go-sdk: rejected by transport). tether's own failures take two
+// codes nobody assigns, so that no client library reads them as something
+// they are not:
+//
+//	code    status       meaning
+//	-32700  400          body is not JSON
+//	-32600  400, 413     not a JSON-RPC 2.0 message, bad session header, body too large
+//	-32603  500          tether failed internally
+//	-32001  404          unknown session (id null): start a new session. The TypeScript,
+//	                     C# and Python SDK servers answer an unknown session with it.
+//	-32010  502          the backend failed, or no backend could take the request
+//	-32011  503          no backend or session store available now (Retry-After)
 const (
 	codeParseError      = -32700
 	codeInvalidRequest  = -32600
 	codeInternalError   = -32603
-	codeSessionNotFound = -32001 // the code the MCP TypeScript and Python SDKs use for an unknown session
-	codeBackendFailed   = -32002
-	codeUnavailable     = -32003
+	codeSessionNotFound = -32001
+	codeBackendFailed   = -32010
+	codeUnavailable     = -32011
 )
 
 var (

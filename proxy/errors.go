@@ -34,3 +34,7 @@ func writeJSONRPCError(w http.ResponseWriter, status int, id json.RawMessage, co
 func writeRequestError(w http.ResponseWriter, id json.RawMessage, e *requestError) {
 	writeJSONRPCError(w, e.status, id, e.code, e.message)
 }
+
+// errInitTooLarge refuses an initialize whose body exceeds MaxInitBody: the
+// body is stored with the session for its whole life.
+var errInitTooLarge = &requestError{http.StatusRequestEntityTooLarge, codeInvalidRequest, "initialize body too large"}

@@ -170,7 +170,7 @@ func TestBrokenAfterSendIsNotRetried(t *testing.T) {
 		resp := h.post("", `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"charge_card"}}`)
 		if resp.StatusCode == http.StatusBadGateway {
 			code, id := jsonrpcError(t, resp)
-			if code != -32002 || string(id) != "9" {
+			if code != -32010 || string(id) != "9" {
 				t.Errorf("502 body: code %d id %s", code, id)
 			}
 		} else {

@@ -56,6 +56,10 @@ type harnessOptions struct {
 	metrics bool
 	// transport sends to the backends; nil is proxy.NewTransport(false).
 	transport http.RoundTripper
+	// wrapStore, when set, puts a test store in front of the session store.
+	wrapStore func(session.Store) session.Store
+	// principalHeaders is proxy.Config.PrincipalHeaders.
+	principalHeaders []string
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -137,9 +141,12 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 		h.cache = session.NewCache(copts)
 		h.store = h.cache
 	}
+	if o.wrapStore != nil {
+		h.store = o.wrapStore(h.store)
+	}
 	t.Cleanup(func() { h.store.Close() })
 	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody,
-		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport})
+		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport, PrincipalHeaders: o.principalHeaders})
 	if o.loadSync > 0 {
 		go h.proxy.RunLoadSync(ctx, o.loadSync)
 	}

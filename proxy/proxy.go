@@ -36,6 +36,11 @@ import (
 // DefaultMaxBody is the default bound on a POST body (--max-body).
 const DefaultMaxBody = 4 << 20
 
+// DefaultMaxInitBody is the default bound on an initialize body
+// (--max-init-body). A real initialize is under 4 KB; the body is stored
+// with the session for its whole life and replayed on re-initialization.
+const DefaultMaxInitBody = 64 << 10
+
 // maxAttempts bounds how often one client request is sent: the first try
 // plus retries that are provably safe (the request never reached a backend).
 const maxAttempts = 3
@@ -49,6 +54,17 @@ type Config struct {
 	Transport http.RoundTripper
 	// MaxBody bounds POST bodies; larger ones get 413. 0 = DefaultMaxBody.
 	MaxBody int64
+	// MaxInitBody bounds initialize bodies, which are stored with the
+	// session; larger ones get 413. 0 = DefaultMaxInitBody.
+	MaxInitBody int64
+	// PrincipalKey keys the digest of a session's credentials (see
+	// PrincipalHeaders); replicas sharing a store must share it. nil = a
+	// random key for this process.
+	PrincipalKey []byte
+	// PrincipalHeaders are the credential headers whose keyed digest binds
+	// a session to its creator: only a request with the same digest may
+	// re-initialize the session. nil = DefaultPrincipalHeaders.
+	PrincipalHeaders []string
 	// ReinitTimeout bounds one re-initialization (initialize round trip plus
 	// notifications/initialized). 0 = 10s.
 	ReinitTimeout time.Duration
@@ -70,7 +86,10 @@ type Proxy struct {
 	store     session.Store
 	transport http.RoundTripper
 	maxBody   int64
+	maxInit   int64
 	reinitTTL time.Duration
+	principal principalDigester
+	cleanups  chan struct{} // bounds the DELETEs of superseded backend sessions in flight
 	log       *slog.Logger
 	now       func() time.Time
 
@@ -90,7 +109,10 @@ func New(cfg Config) *Proxy {
 		store:      cfg.Store,
 		transport:  cfg.Transport,
 		maxBody:    cfg.MaxBody,
+		maxInit:    cfg.MaxInitBody,
 		reinitTTL:  cfg.ReinitTimeout,
+		principal:  newPrincipalDigester(cfg.PrincipalKey, cfg.PrincipalHeaders),
+		cleanups:   make(chan struct{}, maxCleanups),
 		log:        cfg.Logger,
 		now:        cfg.Now,
 		metrics:    cfg.Metrics,
@@ -106,6 +128,9 @@ func New(cfg Config) *Proxy {
 	}
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxBody
+	}
+	if p.maxInit <= 0 {
+		p.maxInit = DefaultMaxInitBody
 	}
 	if p.reinitTTL <= 0 {
 		p.reinitTTL = 10 * time.Second
@@ -138,7 +163,8 @@ func (p *Proxy) SessionExpired(rec *session.Record) {
 }
 
 // exchange is the state of one client request as it moves along the path.
-// It travels in the request context to the ReverseProxy callbacks.
+// The route step and the forward loop write it; the ReverseProxy callbacks
+// of an attempt read it and write only the record step's result (newSID).
 type exchange struct {
 	class      Classification
 	route      Route
@@ -155,17 +181,6 @@ type exchange struct {
 	out   statusRecorder // the client's response writer, remembering the status
 	start time.Time
 	span  trace.Span // the server span; nil when tracing is off
-
-	// Set by the ReverseProxy callbacks for the forward loop.
-	retry    string // why the attempt failed safely and may be retried ("" = done)
-	retryErr error
-}
-
-type exchangeKey struct{}
-
-func exchangeFrom(ctx context.Context) *exchange {
-	x, _ := ctx.Value(exchangeKey{}).(*exchange)
-	return x
 }
 
 // ServeHTTP is the request path: classify → route → forward → record.
@@ -218,6 +233,12 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		// A new session, even if the client sent a session id with it (the
 		// header is stripped in rewrite).
 		x.route = RouteNew
+		if int64(len(x.class.Body)) > p.maxInit {
+			// The body is kept for the session's life and replayed: refused
+			// before it is stored or forwarded.
+			writeRequestError(w, x.class.ID, errInitTooLarge)
+			return false
+		}
 	case x.class.SessionID == "":
 		x.route = RouteStateless
 	default:
@@ -302,8 +323,7 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 	if x.class.Kind == KindDelete {
 		if !alive {
 			// Nothing is left to end on the backend; the session ends here.
-			p.endSession(ctx, rec)
-			w.WriteHeader(http.StatusNoContent)
+			p.endDeadSession(ctx, w, r, rec)
 			return false
 		}
 		x.ep = ep
@@ -328,48 +348,40 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 }
 
 // forward sends the request, retrying only attempts that provably never
-// reached a backend (a failed dial) or that the backend refused because it
-// does not know the session (404), which are then re-initialized.
+// reached a backend (a failed dial), that the backend refused because it
+// does not know the session (404), which are then re-initialized, or whose
+// new session could not be recorded because its id is taken.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
-	ctx := context.WithValue(r.Context(), exchangeKey{}, x)
-	out := r.WithContext(ctx)
-	for attempt := 1; ; attempt++ {
+	for n := 1; ; n++ {
 		if x.ep == nil && !p.pick(w, x, nil) {
 			return
 		}
-		x.retry, x.retryErr = "", nil
-
-		// A GET stream is an idle channel for server messages, not work in
-		// flight: counting it would add a constant per session to the load.
-		counted := x.class.Kind != KindStream
-		if counted {
-			x.ep.Begin()
-		}
-		p.rp.ServeHTTP(w, out)
-		if counted {
-			x.ep.End()
-		}
-
-		if x.retry == "" {
+		o := p.attempt(w, r, x)
+		if o.retry == "" {
 			return
 		}
-		if attempt == maxAttempts {
-			p.log.Warn("giving up on request", "route", x.route.String(), "backend", x.ep.String(), "err", x.retryErr)
+		if n == maxAttempts {
+			p.log.Warn("giving up on request", "route", x.route.String(), "backend", x.ep.String(), "reason", o.retry, "err", o.err)
 			writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "no backend could take the request")
 			return
 		}
 		if x.span != nil {
 			x.span.AddEvent("tether.retry", trace.WithAttributes(
-				attribute.String("tether.retry.reason", x.retry),
+				attribute.String("tether.retry.reason", o.retry),
 				attribute.String("tether.backend", x.ep.String())))
 		}
 		failed := x.ep
 		x.ep = nil
-		if x.retry == reasonDial {
+		switch o.retry {
+		case reasonDial:
 			// Passive health: a refused dial ejects the backend, and this
 			// request does not try it again. A backend that answered 404 for
 			// the session is healthy (it restarted) and may take it back.
-			p.bal.Eject(failed, x.retryErr)
+			p.bal.Eject(failed, o.err)
+			x.excluded = failed
+		case reasonIDTaken:
+			// The backend mints ids that collide with live sessions: the
+			// next try goes elsewhere.
 			x.excluded = failed
 		}
 		if x.rec == nil {
@@ -377,15 +389,82 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		if x.class.Kind == KindDelete {
 			// The backend that held the session is gone: the session ends.
-			p.endSession(r.Context(), x.rec)
-			w.WriteHeader(http.StatusNoContent)
+			p.endDeadSession(r.Context(), w, r, x.rec)
 			return
 		}
-		if err := p.reinitialize(r.Context(), r, x, x.retry); err != nil {
+		if err := p.reinitialize(r.Context(), r, x, o.retry); err != nil {
 			p.failReinit(w, x, err)
 			return
 		}
 	}
+}
+
+// outcome is how one forwarding attempt ended.
+type outcome struct {
+	// retry says why the attempt failed in a way that is safe to repeat
+	// (the request was never processed); "" when the client has its answer
+	// or has gone away.
+	retry string
+	err   error
+}
+
+// attempt is one forwarding attempt. It is the only place that counts
+// requests in flight, and the deferred End runs however the attempt ends:
+// ReverseProxy aborts a response whose client hung up mid-stream with
+// panic(http.ErrAbortHandler), which skips everything but defers.
+func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, x *exchange) outcome {
+	// A GET stream is an idle channel for server messages, not work in
+	// flight: counting it would add a constant per session to the load.
+	if x.class.Kind != KindStream {
+		x.ep.Begin()
+		defer x.ep.End()
+	}
+	a := &attemptState{x: x, ep: x.ep, path: r.URL.Path}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
+	return a.result
+}
+
+// attemptState is what the ReverseProxy callbacks of one attempt share: the
+// exchange and backend they serve (read only), the request body, and the
+// attempt's result, which only handleError writes.
+type attemptState struct {
+	x      *exchange
+	ep     *balancer.Endpoint
+	path   string       // the client's request path (not the request: keeping it would move it to the heap)
+	body   bytes.Reader // the outgoing body: the attempt is its own reader, one allocation less
+	result outcome
+}
+
+// Read and Close make the attempt the outgoing request's body.
+func (a *attemptState) Read(b []byte) (int, error) { return a.body.Read(b) }
+func (a *attemptState) Close() error               { return nil }
+
+type attemptKey struct{}
+
+func attemptFrom(ctx context.Context) *attemptState {
+	a, _ := ctx.Value(attemptKey{}).(*attemptState)
+	return a
+}
+
+// retryError is how modifyResponse hands an attempt that is safe to repeat
+// to handleError.
+type retryError struct {
+	reason string
+	err    error
+}
+
+func (e *retryError) Error() string { return "retry: " + e.reason }
+
+// endDeadSession answers a DELETE of a session whose backend is gone. The
+// backend can no longer check who ends the session, so tether does: only
+// its creator may (anyone else learns nothing, as for an unknown session).
+func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *session.Record) {
+	if !p.principal.matches(rec.Principal, r.Header) {
+		writeJSONRPCError(w, http.StatusNotFound, nil, codeSessionNotFound, "session not found")
+		return
+	}
+	p.endSession(ctx, rec)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // endSession removes a session record and its count on the backend.
@@ -406,8 +485,9 @@ func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
 // rewrite builds the outgoing request (ReverseProxy has already removed
 // hop-by-hop and forwarding headers from Out).
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	x := exchangeFrom(pr.In.Context())
-	pr.SetURL(x.ep.URL)
+	a := attemptFrom(pr.In.Context())
+	x := a.x
+	pr.SetURL(a.ep.URL)
 	// Keep Host and Origin as the client sent them: MCP servers check both
 	// against DNS rebinding, and go-sdk answers 403 to a foreign Host.
 	pr.Out.Host = pr.In.Host
@@ -421,7 +501,8 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 
 	if x.class.Body != nil {
 		body := x.class.Body
-		pr.Out.Body = io.NopCloser(bytes.NewReader(body))
+		a.body.Reset(body)
+		pr.Out.Body = a
 		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		pr.Out.ContentLength = int64(len(body))
 		pr.Out.TransferEncoding = nil
@@ -478,17 +559,34 @@ func stripUpgrade(h http.Header) {
 }
 
 // modifyResponse is the record step: it runs after the backend answered and
-// before anything reaches the client.
+// before anything reaches the client. An attempt that is safe to repeat is
+// returned as a *retryError.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
-	x := exchangeFrom(resp.Request.Context())
 	ctx := resp.Request.Context()
+	a := attemptFrom(ctx)
+	x := a.x
 
+	if len(resp.Header[headerSessionID]) > 1 {
+		// Which one would the client keep? Clients fail a session whose id
+		// changes, and a record keyed by the wrong one strands the session.
+		resp.Body.Close()
+		return errDuplicateSID
+	}
 	if x.rec != nil && resp.StatusCode == http.StatusNotFound && x.class.Kind != KindDelete {
-		// The backend does not know the session: it restarted, or expired
-		// the session. The request was refused, not processed, so it is safe
-		// to re-initialize and send it again.
-		x.retry = reasonLost
-		return errRetry
+		lost, err := p.sessionLost(resp)
+		if err != nil {
+			resp.Body.Close()
+			return err
+		}
+		if lost {
+			// The backend does not know the session: it restarted, or
+			// expired the session. The request was refused, not processed,
+			// so it is safe to re-initialize and send it again.
+			resp.Body.Close()
+			return &retryError{reason: reasonLost}
+		}
+		// A 404 that answers the request itself (an unknown method under
+		// MCP 2026-07-28, a missing resource) goes to the client as it is.
 	}
 
 	switch {
@@ -504,21 +602,35 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		now := p.now()
 		rec := &session.Record{
 			ClientSID:       sid,
-			BackendID:       x.ep.ID,
-			BackendURL:      x.ep.String(),
+			BackendID:       a.ep.ID,
+			BackendURL:      a.ep.String(),
 			BackendSID:      sid,
 			Init:            x.class.Body,
 			ProtocolVersion: x.class.ProtocolVersion,
+			Principal:       p.principal.digest(resp.Request.Header),
 			Created:         now,
 			LastUsed:        now,
 		}
 		// Written before the response is released, so the client's next
 		// request always finds its session.
-		if err := p.store.Create(ctx, rec); err != nil {
+		err := p.store.Create(ctx, rec)
+		if errors.Is(err, session.ErrExists) {
+			// Another backend minted the same id and a live session holds
+			// it: this one must not take it over. Its answer never reached
+			// the client, so the backend session is ended and the
+			// initialize tried elsewhere.
+			resp.Body.Close()
+			p.log.Warn("backend minted a session id that a live session holds; initializing elsewhere",
+				"session", HashSessionID(sid), "backend", a.ep.String())
+			out := resp.Request
+			p.deleteLater(a.ep, sid, p.replayContextOf(out.Host, a.path, out.Header, x, reasonIDTaken))
+			return &retryError{reason: reasonIDTaken, err: err}
+		}
+		if err != nil {
 			resp.Body.Close()
 			return &storeWriteError{err}
 		}
-		x.ep.AddSessions(1)
+		a.ep.AddSessions(1)
 		x.newSID = sid
 	case x.rec != nil:
 		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
@@ -540,8 +652,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 }
 
 var (
-	errRetry         = errors.New("retry")
 	errBadBackendSID = errors.New("backend minted an invalid Mcp-Session-Id")
+	errDuplicateSID  = errors.New("backend sent more than one Mcp-Session-Id")
 )
 
 type storeWriteError struct{ err error }
@@ -550,31 +662,39 @@ func (e *storeWriteError) Error() string { return "session store write failed: "
 func (e *storeWriteError) Unwrap() error { return e.err }
 
 // handleError is ReverseProxy's single failure path. Attempts that are safe
-// to repeat are handed back to the forward loop; everything else is
-// answered here.
+// to repeat become the attempt's result, for the forward loop; everything
+// else is answered here.
 func (p *Proxy) handleError(w http.ResponseWriter, r *http.Request, err error) {
-	x := exchangeFrom(r.Context())
+	a := attemptFrom(r.Context())
+	x := a.x
+	var retry *retryError
 	switch {
-	case errors.Is(err, errRetry):
-		return // x.retry is set
+	case errors.As(err, &retry):
+		a.result = outcome{retry: retry.reason, err: retry.err}
+		return
 	case isDialError(err):
 		// The connection was never established, so the backend never saw
 		// the request.
-		x.retry, x.retryErr = reasonDial, err
+		a.result = outcome{retry: reasonDial, err: err}
 		return
 	case r.Context().Err() != nil:
 		return // the client went away; nobody is listening
 	}
+	if errors.Is(err, errDuplicateSID) {
+		p.log.Warn("backend answered with more than one Mcp-Session-Id", "route", x.route.String(), "backend", a.ep.String())
+		writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend answered with more than one Mcp-Session-Id")
+		return
+	}
 	var swe *storeWriteError
 	if errors.As(err, &swe) {
-		p.log.Error("session record not written", "backend", x.ep.String(), "err", err)
+		p.log.Error("session record not written", "backend", a.ep.String(), "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "session store unavailable")
 		return
 	}
 	// The request may have reached the backend: sending it again could run
 	// a tools/call twice, so the client decides.
-	p.log.Warn("backend request failed", "route", x.route.String(), "backend", x.ep.String(), "err", err)
+	p.log.Warn("backend request failed", "route", x.route.String(), "backend", a.ep.String(), "err", err)
 	writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend failed after the request was sent; not retried")
 }
 
@@ -590,7 +710,10 @@ func (p *Proxy) failReinit(w http.ResponseWriter, x *exchange, err error) {
 	case errors.Is(err, balancer.ErrNoEndpoints):
 		w.Header().Set("Retry-After", "1")
 		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "no backend available to re-initialize the session")
-	case errors.Is(err, session.ErrNotFound):
+	case errors.Is(err, session.ErrNotFound), errors.Is(err, errOtherPrincipal):
+		// errOtherPrincipal: the session belongs to someone else. It gets
+		// the same answer as a session that does not exist, so the client
+		// starts one of its own and learns nothing about this one.
 		writeJSONRPCError(w, http.StatusNotFound, nil, codeSessionNotFound, "session not found")
 	case errors.Is(err, session.ErrUnavailable):
 		// A move must be agreed in the shared store; until it answers, the

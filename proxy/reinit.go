@@ -11,8 +11,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-
+	"net/textproto"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -47,23 +48,50 @@ type replayContext struct {
 	reason          string
 }
 
-// reinitialize moves x's session to another backend (DESIGN §4) and points
-// x at it. Concurrent requests of one session share one re-initialization.
-func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, reason string) error {
-	stale := x.rec
+// newReplayContext copies what a request to a backend on r's behalf needs.
+func (p *Proxy) newReplayContext(r *http.Request, x *exchange, reason string) replayContext {
+	return p.replayContextOf(r.Host, r.URL.Path, r.Header, x, reason)
+}
+
+// replayContextOf copies the replayed headers and the principal headers
+// (the credentials a backend may bind the session to) from h.
+func (p *Proxy) replayContextOf(host, path string, h http.Header, x *exchange, reason string) replayContext {
 	rc := replayContext{
-		host:            r.Host,
-		path:            r.URL.Path,
+		host:            host,
+		path:            path,
 		protocolVersion: x.class.ProtocolVersion,
-		header:          make(http.Header, len(replayHeaders)),
+		header:          make(http.Header, len(replayHeaders)+len(p.principal.headers)),
 		exclude:         x.excluded,
 		reason:          reason,
 	}
-	for _, h := range replayHeaders {
-		if v := r.Header.Values(h); len(v) > 0 {
-			rc.header[h] = append([]string(nil), v...)
+	for _, list := range [][]string{replayHeaders, p.principal.headers} {
+		for _, name := range list {
+			if v := h.Values(name); len(v) > 0 {
+				rc.header[textproto.CanonicalMIMEHeaderKey(name)] = append([]string(nil), v...)
+			}
 		}
 	}
+	return rc
+}
+
+// errOtherPrincipal refuses to re-initialize a session for a request whose
+// credentials are not those the session was created with.
+var errOtherPrincipal = errors.New("the request's credentials are not the session creator's")
+
+// reinitialize moves x's session to another backend (DESIGN §4) and points
+// x at it. Concurrent requests of one session share one re-initialization.
+// Only the session's creator may move it: the replayed initialize carries
+// the current request's credentials, and a backend binds the new session to
+// them, so anyone else would take the session over.
+func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, reason string) error {
+	stale := x.rec
+	if !p.principal.matches(stale.Principal, r.Header) {
+		p.metrics.Reinit(reason, "refused")
+		p.log.Warn("re-initialization refused: the request's credentials differ from the session creator's",
+			"session", HashSessionID(stale.ClientSID), "reason", reason)
+		return errOtherPrincipal
+	}
+	rc := p.newReplayContext(r, x, reason)
 	ch := p.flights.DoChan(stale.ClientSID, func() (any, error) {
 		// The flight outlives any one waiter: it must finish even if the
 		// request that started it is cancelled, since others wait on it.
@@ -186,6 +214,13 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		step("swapped", attribute.Int64("tether.record.version", int64(stored.Version)))
 		if old, ok := p.bal.Lookup(cur.BackendID); ok {
 			old.AddSessions(-1)
+			// The superseded backend session would otherwise live on until
+			// the backend's idle timeout (or for ever): end it. Unless it is
+			// the new one: a backend that restarted with a counter for ids
+			// may have minted the same id again.
+			if old != ep || cur.BackendSID != sid {
+				p.deleteLater(old, cur.BackendSID, rc)
+			}
 		}
 		ep.AddSessions(1)
 		p.log.Info("session re-initialized",
@@ -252,6 +287,32 @@ func (p *Proxy) replayInitialize(ctx context.Context, ep *balancer.Endpoint, rec
 		return "", fmt.Errorf("notifications/initialized answered %s", nresp.Status)
 	}
 	return sid, nil
+}
+
+// Bounds of the DELETEs that end superseded or refused backend sessions off
+// the request path: how many may be in flight, and how long each may take.
+const (
+	maxCleanups    = 64
+	cleanupTimeout = 2 * time.Second
+)
+
+// deleteLater ends a backend session that no client will use again, off the
+// request path. Best effort and bounded: when maxCleanups are in flight (a
+// mass failover) the session is left to the backend's idle timeout.
+func (p *Proxy) deleteLater(ep *balancer.Endpoint, sid string, rc replayContext) {
+	select {
+	case p.cleanups <- struct{}{}:
+	default:
+		p.log.Debug("backend session left to the backend's idle timeout: too many deletions in flight",
+			"session", HashSessionID(sid), "backend", ep.String())
+		return
+	}
+	go func() {
+		defer func() { <-p.cleanups }()
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		p.deleteBackendSession(ctx, ep, sid, rc)
+	}()
 }
 
 // deleteBackendSession ends a backend session tether created but will not

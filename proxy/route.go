@@ -28,4 +28,7 @@ const (
 	reasonEjected = "backend_ejected" // passive health ejected the backend
 	reasonDial    = "dial_failed"     // a dial to the backend failed for this request
 	reasonLost    = "session_lost"    // the backend answered 404 for the session
+	// reasonIDTaken is not a re-initialization: a new session's id was
+	// already held by a live session, and its initialize is sent elsewhere.
+	reasonIDTaken = "session_id_taken"
 )

@@ -60,7 +60,7 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 	}, []string{"route"})
 	m.reinits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_reinitializations_total",
-		Help: "Transparent session re-initializations by reason (backend_gone, backend_ejected, dial_failed, session_lost) and result (ok, failed, adopted).",
+		Help: "Transparent session re-initializations by reason (backend_gone, backend_ejected, dial_failed, session_lost) and result (ok, failed, adopted, refused: the request's credentials are not the session creator's).",
 	}, []string{"reason", "result"})
 	m.pickDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tether_pick_duration_seconds",

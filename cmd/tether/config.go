@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/textproto"
 	"slices"
 	"strings"
 	"time"
@@ -46,6 +47,16 @@ type config struct {
 	TraceStdout   bool
 	LogFormat     string
 	LogLevel      string
+
+	// MaxInitBody bounds initialize bodies, which are stored with the
+	// session. PrincipalHeaders are the credential headers whose keyed
+	// digest binds a session to its creator; the key comes from
+	// PrincipalKey (TETHER_PRINCIPAL_KEY only, like the Redis password) or
+	// PrincipalKeyFile (see principalKey).
+	MaxInitBody      int64
+	PrincipalHeaders []string
+	PrincipalKeyFile string
+	PrincipalKey     string
 }
 
 func defaultConfig() config {
@@ -62,6 +73,9 @@ func defaultConfig() config {
 		RedisTimeout:  50 * time.Millisecond,
 		CacheSize:     100000,
 		getenv:        func(string) string { return "" },
+
+		MaxInitBody:      proxy.DefaultMaxInitBody,
+		PrincipalHeaders: append([]string(nil), proxy.DefaultPrincipalHeaders...),
 	}
 }
 
@@ -91,6 +105,12 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&cfg.CacheSize, "session-cache-size", cfg.CacheSize, "session records cached locally in front of Redis")
 	fs.StringVar(&cfg.Balancer, "balancer", cfg.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
 	fs.Int64Var(&cfg.MaxBody, "max-body", cfg.MaxBody, "largest accepted POST body in bytes (larger: 413)")
+	fs.Int64Var(&cfg.MaxInitBody, "max-init-body", cfg.MaxInitBody, "largest accepted initialize body in bytes, stored with the session (larger: 413)")
+	fs.Func("principal-headers", "comma-separated credential headers whose keyed digest binds a session to its creator for re-initialization (default Authorization; empty: no binding)", func(s string) error {
+		cfg.PrincipalHeaders = append([]string{}, splitList(s)...)
+		return nil
+	})
+	fs.StringVar(&cfg.PrincipalKeyFile, "principal-key-file", "", "file holding the key (32 bytes or more) of the session principal digests, shared by all replicas (default: TETHER_PRINCIPAL_KEY, else a key kept in Redis, else a random one)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
 	fs.BoolVar(&cfg.BackendH2C, "backend-h2c", false, "speak HTTP/2 without TLS (prior knowledge) to backends")
 	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "write trace spans to stdout as JSON (local runs; OTLP is configured with the OTEL_* variables)")
@@ -119,6 +139,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return cfg, err
 	}
 	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")
+	cfg.PrincipalKey = getenv("TETHER_PRINCIPAL_KEY")
 	cfg.getenv = getenv
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -163,6 +184,12 @@ func (c config) validate() error {
 		return fmt.Errorf("--session-ttl must be positive, got %s", c.SessionTTL)
 	case c.MaxBody <= 0:
 		return fmt.Errorf("--max-body must be positive, got %d", c.MaxBody)
+	case c.MaxInitBody <= 0:
+		return fmt.Errorf("--max-init-body must be positive, got %d", c.MaxInitBody)
+	case c.PrincipalKey != "" && c.PrincipalKeyFile != "":
+		return errors.New("TETHER_PRINCIPAL_KEY and --principal-key-file are mutually exclusive")
+	case c.PrincipalKey != "" && len(c.PrincipalKey) < minPrincipalKey:
+		return fmt.Errorf("TETHER_PRINCIPAL_KEY must be at least %d bytes", minPrincipalKey)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must not be negative, got %s", c.ShutdownGrace)
 	case !slices.Contains(balancer.PickerNames, c.Balancer):
@@ -191,10 +218,42 @@ func (c config) validate() error {
 			return fmt.Errorf("--redis-url: %v", err)
 		}
 	}
+	for _, h := range c.PrincipalHeaders {
+		if !validHeaderName(h) {
+			return fmt.Errorf("--principal-headers: %q is not a header name", h)
+		}
+		if hopByHop[textproto.CanonicalMIMEHeaderKey(h)] {
+			return fmt.Errorf("--principal-headers: %s is a hop-by-hop header: it never reaches the backend", h)
+		}
+	}
 	for _, b := range c.Backends {
 		if _, err := discovery.ParseBackendURL(b); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// hopByHop are the headers a proxy removes (RFC 9110 §7.6.1), which
+// therefore never reach a backend.
+var hopByHop = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// validHeaderName reports whether h is an HTTP field name (an RFC 9110 token).
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

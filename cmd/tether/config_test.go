@@ -51,7 +51,21 @@ func TestParseServeFlags(t *testing.T) {
 				c.RedisPassword = "s3cret"
 			}), ""},
 
+		{"init body and principal", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "8192",
+			"--principal-headers", "Authorization, X-Auth-Request-User", "--principal-key-file", "/run/key"}, env(),
+			with(func(c *config) {
+				c.MaxInitBody, c.PrincipalKeyFile = 8192, "/run/key"
+				c.PrincipalHeaders = []string{"Authorization", "X-Auth-Request-User"}
+			}), ""},
+		{"no principal headers", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", ""}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)),
+			with(func(c *config) { c.PrincipalHeaders, c.PrincipalKey = []string{}, strings.Repeat("k", 32) }), ""},
+
 		{"no backends", nil, env(), config{}, "no backends"},
+		{"zero max init body", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "0"}, env(), config{}, "--max-init-body"},
+		{"hop-by-hop principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "proxy-authorization"}, env(), config{}, "hop-by-hop"},
+		{"bad principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "Authorization,X User"}, env(), config{}, "--principal-headers"},
+		{"short principal key", []string{"--backends", "http://127.0.0.1:9001"}, env("TETHER_PRINCIPAL_KEY", "short"), config{}, "at least 32 bytes"},
+		{"two principal keys", []string{"--backends", "http://127.0.0.1:9001", "--principal-key-file", "/k"}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)), config{}, "mutually exclusive"},
 		{"bad redis url", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "http://x"}, env(), config{}, "--redis-url"},
 		{"redis ca without redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-ca", "/ca.pem"}, env(), config{}, "--redis-ca needs --redis-url"},
 		{"zero cache", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "0"}, env(), config{}, "--session-cache-size"},

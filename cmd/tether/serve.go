@@ -67,6 +67,11 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	principal, err := principalKey(cfg, log)
+	if err != nil {
+		s.store.Close()
+		return nil, err
+	}
 	var traceOut io.Writer
 	if cfg.TraceStdout {
 		traceOut = os.Stdout
@@ -86,6 +91,10 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 		Metrics:    s.metrics,
 		Tracer:     s.tracing.Tracer(),
 		Propagator: s.tracing.Propagator,
+
+		MaxInitBody:      cfg.MaxInitBody,
+		PrincipalKey:     principal,
+		PrincipalHeaders: cfg.PrincipalHeaders,
 	})
 
 	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())
