@@ -48,7 +48,7 @@ type Classification struct {
 	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
 	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
 	Batch           bool
-	Body            []byte // the complete request body (POST), kept for forwarding and replay
+	Body            []byte // the complete request body (POST; others only when they have one), kept for forwarding and replay
 }
 
 // requestError is a request tether refuses before routing it. It becomes an
@@ -103,12 +103,26 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classificatio
 	case http.MethodPost:
 	case http.MethodGet:
 		c.Kind = KindStream
-		return c, nil
 	case http.MethodDelete:
 		c.Kind = KindDelete
-		return c, nil
 	default:
 		c.Kind = KindOther
+	}
+	if r.Method != http.MethodPost {
+		// MCP's GET and DELETE carry no body. One that comes anyway is read
+		// under the same limits as a POST's and forwarded whole, rather
+		// than streamed to the backend with no deadline or bound.
+		if r.Body != nil && r.Body != http.NoBody {
+			body, rerr := readBody(r, maxBody, budget)
+			if rerr != nil {
+				return c, rerr
+			}
+			if len(body) > 0 {
+				c.Body = body
+			} else {
+				budget.release(int64(cap(body)))
+			}
+		}
 		return c, nil
 	}
 

@@ -122,7 +122,7 @@ func (p *Proxy) LimitStats() telemetry.LimitStat {
 // ResponseController works for HTTP/1.1 (the connection's deadline) and
 // HTTP/2 (the stream's).
 func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (Classification, *requestError) {
-	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+	if r.Body == nil || r.Body == http.NoBody {
 		return classify(r, p.maxBody, &p.bodies)
 	}
 	rc := http.NewResponseController(w)

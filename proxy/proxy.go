@@ -214,12 +214,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	class, rerr := p.classifyBounded(w, r)
 	x.class = class
+	if class.Body != nil {
+		// The body stays reserved until forwarding is over, retries
+		// included (an initialize body kept in a session record is the
+		// session store's to bound).
+		defer p.bodies.release(int64(cap(class.Body)))
+	}
 	if rerr != nil {
 		p.refuse(w, &class, rerr)
 		return
-	}
-	if class.Body != nil {
-		defer p.bodies.release(int64(cap(class.Body)))
 	}
 	if class.Kind == KindStream {
 		if !p.streams.acquire() {
