@@ -136,7 +136,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")
 	cfg.getenv = getenv
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return cfg, fmt.Errorf("unexpected argument %q", redactURL(fs.Arg(0)))
 	}
 	return cfg, cfg.validate()
 }
@@ -211,7 +211,7 @@ func (c config) validate() error {
 	}
 	if c.RedisURL != "" {
 		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			return fmt.Errorf("--redis-url: %v", err)
+			return urlError("--redis-url", c.RedisURL, err)
 		}
 	}
 	for _, b := range c.Backends {
