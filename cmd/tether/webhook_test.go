@@ -101,7 +101,7 @@ func startWebhook(t *testing.T, certs *certReloader, defaults inject.Config) (ad
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- serveWebhook(ctx, ln, certs, inject.Injector{Defaults: defaults}, slog.New(slog.DiscardHandler))
+		done <- serveWebhook(ctx, ln, certs, inject.Injector{Defaults: defaults}, defaultMaxConcurrentReviews, slog.New(slog.DiscardHandler))
 	}()
 	var once sync.Once
 	stop = func() {
