@@ -22,9 +22,11 @@ const (
 	DefaultBodyTimeout = 60 * time.Second
 	// DefaultMaxStreams bounds the GET (server-to-client SSE) streams open
 	// through tether at once (--max-streams). An MCP session holds at most
-	// one, so this is the number of sessions that can listen at once; at
-	// about 40 KB each (measured: connections, goroutines, buffers) the
-	// bound is about 400 MB.
+	// one, so this is the number of clients that can listen at once. A
+	// stream costs about 54 KB of Go heap and stacks (hack/streammem: two
+	// connections, four goroutines, their buffers), so the bound is about
+	// 540 MB: a ceiling against runaway growth, above what a sidecar is
+	// sized for; size it to the container's memory limit.
 	DefaultMaxStreams = 10000
 )
 
