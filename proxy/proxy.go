@@ -55,7 +55,7 @@ type Config struct {
 	// end); a request that would pass it gets 503. 0 =
 	// DefaultMaxInflightBodyBytes; negative = unbounded.
 	MaxInflightBodyBytes int64
-	// BodyTimeout bounds the time a POST body takes to arrive, whole; a
+	// BodyTimeout bounds the time a request body takes to arrive, whole; a
 	// slower one gets 408 and its connection closed. 0 = DefaultBodyTimeout.
 	BodyTimeout time.Duration
 	// MaxStreams bounds the GET streams open at once; one more gets 503.
