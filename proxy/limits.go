@@ -118,11 +118,14 @@ func (p *Proxy) LimitStats() telemetry.LimitStat {
 // body is read), and its buffer is reserved from the in-flight budget as it
 // grows. The caller releases cap(Body) when the request is done.
 //
-// http.Server.ReadTimeout is not used for this: once it passes, the
-// server's background read fails and cancels the request context, which
-// would end long SSE responses. A per-request deadline set through the
-// ResponseController works for HTTP/1.1 (the connection's deadline) and
-// HTTP/2 (the stream's).
+// The deadline is set through the ResponseController, which bounds the
+// connection's reads on HTTP/1.1 and the stream's on HTTP/2, rather than
+// with http.Server.ReadTimeout: a read deadline still in force when the
+// server's background read runs fails that read and cancels the request,
+// ending a long SSE response (golang/go#18447, #70834). The background
+// read starts when the body has been read to its end (or at once, for a
+// request without one); so the deadline is set only on requests with a
+// body, before it is read, and cleared as soon as it has been.
 func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (Classification, *requestError) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return classify(r, p.maxBody, &p.bodies)

@@ -377,9 +377,10 @@ func sseBackend(t *testing.T, events int, gap time.Duration) *httptest.Server {
 }
 
 // The body deadline ends with the body: a response streamed for longer
-// than --body-timeout arrives whole, over HTTP/1.1 and h2c. (With
-// http.Server.ReadTimeout instead, the server's background read fails
-// when it passes and cancels the request, cutting the stream.)
+// than --body-timeout arrives whole, over HTTP/1.1 and h2c. A read deadline
+// in force while the server's background read runs would cancel the
+// request and cut the stream (golang/go#70834). This guards the property;
+// old main had no body deadline to get wrong.
 func TestBodyTimeoutSparesLongResponses(t *testing.T) {
 	const events = 5
 	backend := sseBackend(t, events, 250*time.Millisecond) // 1.25 s > the body timeout
