@@ -18,10 +18,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// MaxReviewBytes bounds an AdmissionReview body. The API server refuses
-// objects over 3 MiB, so a review (the object, and the old one for
-// updates) fits in 8.
-const MaxReviewBytes = 8 << 20
+// MaxReviewBytes bounds an AdmissionReview body (413 beyond). The API
+// server refuses request bodies over 3 MiB (and etcd stores objects of at
+// most 1.5 MiB), and the webhook reviews Pod creations only, which carry
+// no old object: a real review fits. Parsing is what costs (a 1.8 MB Pod
+// of 60,000 env entries: 2 s of CPU, 220 MB allocated), so the bound is
+// the API server's own, not more.
+const MaxReviewBytes = 3 << 20
 
 // The webhook: the API server sends an AdmissionReview for every Pod
 // created in the namespaces the MutatingWebhookConfiguration selects; a
@@ -66,6 +69,13 @@ func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision,
 
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" || req.Operation != admissionv1.Create {
 		d.Detail = fmt.Sprintf("%s %s%s is not a Pod creation", req.Operation, req.Kind.Kind, strings.TrimPrefix("/"+req.SubResource, "/"))
+		return out, d, nil
+	}
+	if name, ok := notAnnotatedPod(req.Object.Raw); ok {
+		if req.Name == "" {
+			d.Pod = req.Namespace + "/" + name
+		}
+		d.Detail = "not annotated " + AnnotationInject + `: "true"`
 		return out, d, nil
 	}
 	var doc yaml.Node
@@ -126,6 +136,35 @@ func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision,
 	}
 	d.Action, d.Detail = Injected, res.Detail
 	return out, d, nil
+}
+
+// notAnnotatedPod reports whether raw is a Pod without tether.dev/inject:
+// "true", reading its metadata only: most Pods of a namespace are not
+// annotated, and need not be parsed whole (as a YAML tree, which for a
+// large Pod costs seconds). name is the Pod's name, or its generateName
+// followed by "…". Anything else (another kind, a malformed object) is
+// left to the full parse and its errors.
+func notAnnotatedPod(raw []byte) (name string, ok bool) {
+	var obj struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name         string            `json:"name"`
+			GenerateName string            `json:"generateName"`
+			Annotations  map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil || obj.APIVersion != "v1" || obj.Kind != "Pod" {
+		return "", false
+	}
+	if strings.TrimSpace(strings.ToLower(obj.Metadata.Annotations[AnnotationInject])) == "true" {
+		return "", false
+	}
+	name = obj.Metadata.Name
+	if name == "" && obj.Metadata.GenerateName != "" {
+		name = obj.Metadata.GenerateName + "…"
+	}
+	return name, true
 }
 
 // patchOp is one RFC 6902 operation.

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	goruntime "runtime"
 	"strings"
 	"testing"
 
@@ -230,5 +232,27 @@ func TestJSONPatchEscapes(t *testing.T) {
 	want := `[{"op":"remove","path":"/gone"},{"op":"add","path":"/metadata/annotations","value":{"a/b~c":"2"}}]`
 	if string(got) != want {
 		t.Errorf("patch %s\nwant  %s", got, want)
+	}
+}
+
+// A Pod that does not ask for tether is skipped from its metadata alone:
+// a large Pod is not parsed whole (old main built a YAML tree of every
+// Pod: 61 MB allocated and 0.6 s for one of 1.8 MB).
+func TestReviewSkipsUnannotatedPodCheaply(t *testing.T) {
+	inj := Injector{Defaults: testConfig()}
+	pod := testPod(map[string]string{"team": "tools"})
+	for i := range 60000 {
+		pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: fmt.Sprintf("V%d", i), Value: "x"})
+	}
+	body := reviewFor(t, admissionv1.Create, podGVK, pod)
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	review, d, err := inj.Review(body)
+	goruntime.ReadMemStats(&after)
+	if err != nil || !review.Response.Allowed || review.Response.Patch != nil || d.Action != Skipped || d.Pod != "tools/proxy-7d9f-…" {
+		t.Fatalf("review: %v, action %q pod %q", err, d.Action, d.Pod)
+	}
+	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 4*uint64(len(body)) {
+		t.Errorf("%d MB allocated to skip a %d MB review", allocated>>20, len(body)>>20)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 )
 
@@ -47,7 +48,7 @@ type Classification struct {
 	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
 	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
 	Batch           bool
-	Body            []byte // the complete request body (POST), kept for forwarding and replay
+	Body            []byte // the complete request body (POST; others only when they have one), kept for forwarding and replay
 }
 
 // requestError is a request tether refuses before routing it. It becomes an
@@ -103,8 +104,9 @@ var (
 
 // classify reads what routing needs from r. For POST it reads the whole body,
 // refusing more than maxBody bytes: an oversized Content-Length is refused
-// before a byte of the body is read.
-func classify(r *http.Request, maxBody int64) (Classification, *requestError) {
+// before a byte of the body is read. The body's buffer is reserved from
+// budget (nil: unbounded) as it grows; see readBody.
+func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classification, *requestError) {
 	var c Classification
 	c.ProtocolVersion = r.Header.Get(headerProtocolVersion)
 	// An empty header counts as none (some proxies send one); two values,
@@ -121,16 +123,30 @@ func classify(r *http.Request, maxBody int64) (Classification, *requestError) {
 	case http.MethodPost:
 	case http.MethodGet:
 		c.Kind = KindStream
-		return c, nil
 	case http.MethodDelete:
 		c.Kind = KindDelete
-		return c, nil
 	default:
 		c.Kind = KindOther
+	}
+	if r.Method != http.MethodPost {
+		// MCP's GET and DELETE carry no body. One that comes anyway is read
+		// under the same limits as a POST's and forwarded whole, rather
+		// than streamed to the backend with no deadline or bound.
+		if r.Body != nil && r.Body != http.NoBody {
+			body, rerr := readBody(r, maxBody, budget)
+			if rerr != nil {
+				return c, rerr
+			}
+			if len(body) > 0 {
+				c.Body = body
+			} else {
+				budget.release(int64(cap(body)))
+			}
+		}
 		return c, nil
 	}
 
-	body, rerr := readBody(r, maxBody)
+	body, rerr := readBody(r, maxBody, budget)
 	if rerr != nil {
 		return c, rerr
 	}
@@ -155,25 +171,64 @@ func validSessionID(id string) bool {
 	return true
 }
 
-func readBody(r *http.Request, maxBody int64) ([]byte, *requestError) {
+// readBody reads a POST body of at most maxBody bytes. An announced
+// Content-Length over the limit is refused before a byte is read; below it,
+// the announcement only sizes the first buffer (at most bodyChunk): the
+// buffer grows with the bytes that actually arrive, each growth reserved
+// from budget first. On success the body's whole capacity stays reserved
+// for the caller to release; on failure nothing does.
+func readBody(r *http.Request, maxBody int64, budget *byteBudget) ([]byte, *requestError) {
 	if r.ContentLength > maxBody {
 		return nil, errBodyTooLarge
 	}
-	if r.ContentLength >= 0 {
-		buf := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, buf); err != nil {
+	// limit is the most the buffer may need: the announced length, or one
+	// byte over the limit to tell "exactly the limit" from "over it".
+	limit, first := r.ContentLength, int64(bodyChunk)
+	if limit < 0 {
+		limit, first = maxBody+1, bodyChunkUnknown
+	}
+	first = min(first, limit)
+	if !budget.reserve(first) {
+		return nil, errBodyBudget
+	}
+	buf := make([]byte, 0, first)
+	for {
+		if len(buf) == cap(buf) {
+			if int64(cap(buf)) >= limit {
+				// Full at the announced length (or past the limit): one
+				// more byte would be a body longer than announced, which
+				// Go's server already refuses, or one over the limit.
+				if r.ContentLength < 0 {
+					budget.release(int64(cap(buf)))
+					return nil, errBodyTooLarge
+				}
+				break
+			}
+			grown := min(2*int64(cap(buf)), limit)
+			if !budget.reserve(grown - int64(cap(buf))) {
+				budget.release(int64(cap(buf)))
+				return nil, errBodyBudget
+			}
+			buf = append(make([]byte, 0, grown), buf...)
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			budget.release(int64(cap(buf)))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil, errBodyTimeout
+			}
 			return nil, errReadBody
 		}
-		return buf, nil
 	}
-	// Unknown length (chunked): read at most maxBody+1 bytes to tell "exactly
-	// the limit" from "over it".
-	buf, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
+	if r.ContentLength >= 0 && int64(len(buf)) < r.ContentLength {
+		// Go's server reports a short body as io.ErrUnexpectedEOF; a body
+		// reader that does not is refused the same way.
+		budget.release(int64(cap(buf)))
 		return nil, errReadBody
-	}
-	if int64(len(buf)) > maxBody {
-		return nil, errBodyTooLarge
 	}
 	return buf, nil
 }

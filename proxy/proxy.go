@@ -11,6 +11,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -65,6 +66,17 @@ type Config struct {
 	// a session to its creator: only a request with the same digest may
 	// re-initialize the session. nil = DefaultPrincipalHeaders.
 	PrincipalHeaders []string
+	// MaxInflightBodyBytes bounds the request-body bytes held at once by all
+	// requests (reserved as bodies arrive, released when their requests
+	// end); a request that would pass it gets 503. 0 =
+	// DefaultMaxInflightBodyBytes; negative = unbounded.
+	MaxInflightBodyBytes int64
+	// BodyTimeout bounds the time a request body takes to arrive, whole; a
+	// slower one gets 408 and its connection closed. 0 = DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// MaxStreams bounds the GET streams open at once; one more gets 503.
+	// 0 = DefaultMaxStreams; negative = unbounded.
+	MaxStreams int
 	// ReinitTimeout bounds one re-initialization (initialize round trip plus
 	// notifications/initialized). 0 = 10s.
 	ReinitTimeout time.Duration
@@ -93,13 +105,19 @@ type Proxy struct {
 	log       *slog.Logger
 	now       func() time.Time
 
+	// Client limits (limits.go).
+	bodyTimeout time.Duration
+	bodies      byteBudget // request-body bytes held
+	streams     slots      // GET streams open
+
 	metrics    *telemetry.Metrics
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
 	decisions  *decisionLog
 
-	rp      *httputil.ReverseProxy
-	flights singleflight.Group // one re-initialization per session at a time
+	rp       *httputil.ReverseProxy // requests
+	streamRP *httputil.ReverseProxy // GET streams: the same, with small copy buffers
+	flights  singleflight.Group     // one re-initialization per session at a time
 }
 
 // New builds a Proxy from cfg.
@@ -135,22 +153,30 @@ func New(cfg Config) *Proxy {
 	if p.reinitTTL <= 0 {
 		p.reinitTTL = 10 * time.Second
 	}
+	p.bodyTimeout = cmp.Or(cfg.BodyTimeout, DefaultBodyTimeout)
+	p.bodies.max = cmp.Or(cfg.MaxInflightBodyBytes, DefaultMaxInflightBodyBytes)
+	p.streams.max = int64(cmp.Or(cfg.MaxStreams, DefaultMaxStreams))
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	if p.now == nil {
 		p.now = time.Now
 	}
-	p.rp = &httputil.ReverseProxy{
+	rp := &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
 		Transport:      p.transport,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.handleError,
-		BufferPool:     bufferPool{},
+		BufferPool:     bufferPool{&copyBuffers},
 		// FlushInterval 0: ReverseProxy already flushes text/event-stream
 		// and unknown-length bodies after every write (see isStreaming).
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
+	// GET streams are long-lived and mostly idle: they copy through small
+	// buffers (streamCopyBufferSize) so that thousands of them stay cheap.
+	streams := *rp
+	streams.BufferPool = bufferPool{&streamCopyBuffers}
+	p.rp, p.streamRP = rp, &streams
 	return p
 }
 
@@ -204,14 +230,24 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	stripUpgrade(r.Header)
 
-	class, rerr := classify(r, p.maxBody)
+	class, rerr := p.classifyBounded(w, r)
 	x.class = class
+	if class.Body != nil {
+		// The body stays reserved until forwarding is over, retries
+		// included (an initialize body kept in a session record is the
+		// session store's to bound).
+		defer p.bodies.release(int64(cap(class.Body)))
+	}
 	if rerr != nil {
-		if rerr == errBodyTooLarge {
-			w.Header().Set("Connection", "close") // the rest of the body is unread
-		}
-		writeRequestError(w, class.ID, rerr)
+		p.refuse(w, &class, rerr)
 		return
+	}
+	if class.Kind == KindStream {
+		if !p.streams.acquire() {
+			p.refuse(w, &class, errTooManyStreams)
+			return
+		}
+		defer p.streams.release()
 	}
 	if !p.route(w, r, x) {
 		return
@@ -419,8 +455,12 @@ func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, x *exchange) out
 		x.ep.Begin()
 		defer x.ep.End()
 	}
+	rp := p.rp
+	if x.class.Kind == KindStream {
+		rp = p.streamRP
+	}
 	a := &attemptState{x: x, ep: x.ep, path: r.URL.Path}
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
+	rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
 	return a.result
 }
 
@@ -727,12 +767,15 @@ func (p *Proxy) failReinit(w http.ResponseWriter, x *exchange, err error) {
 
 // bufferPool gives ReverseProxy reusable copy buffers; without one every
 // response allocates 32 KiB.
-type bufferPool struct{}
+type bufferPool struct{ pool *sync.Pool }
 
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var (
+	copyBuffers       = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+	streamCopyBuffers = sync.Pool{New: func() any { b := make([]byte, streamCopyBufferSize); return &b }}
+)
 
-func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
-func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
+func (p bufferPool) Get() []byte  { return *p.pool.Get().(*[]byte) }
+func (p bufferPool) Put(b []byte) { p.pool.Put(&b) }
 
 // NewTransport returns the transport tether uses for backends: keep-alive
 // pools sized for a proxy (the default of 2 idle connections per host makes

@@ -22,6 +22,7 @@ type Metrics struct {
 	storeDuration   *prometheus.HistogramVec
 	storeErrors     *prometheus.CounterVec
 	storeDegraded   prometheus.Gauge
+	limitRejections *prometheus.CounterVec
 }
 
 // EndpointStat is one endpoint as the metrics see it at scrape time.
@@ -43,6 +44,14 @@ type MetricsOptions struct {
 	Endpoints func() []EndpointStat
 	// Store reports the store's counters; nil for the memory store.
 	Store func() StoreStat
+	// Limits reports the use of the client limits; nil = not exported.
+	Limits func() LimitStat
+}
+
+// LimitStat is the use of the client limits at scrape time.
+type LimitStat struct {
+	InflightBodyBytes int64 // request-body bytes held
+	OpenStreams       int64 // GET streams open
 }
 
 // NewMetrics registers every tether metric plus the Go and process
@@ -80,14 +89,21 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 		Name: "tether_store_degraded",
 		Help: "1 while the shared session store is unreachable and tether serves from its cache.",
 	})
+	m.limitRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_limit_rejections_total",
+		Help: "Requests refused because a limit was reached, by limit (inflight_body, streams, body_timeout, body_size, ...).",
+	}, []string{"limit"})
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.reinits, m.pickDuration,
-		m.storeDuration, m.storeErrors, m.storeDegraded,
+		m.storeDuration, m.storeErrors, m.storeDegraded, m.limitRejections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if opts.Endpoints != nil {
 		m.Registry.MustRegister(&endpointCollector{list: opts.Endpoints})
 	}
 	if opts.Store != nil {
 		m.Registry.MustRegister(&storeCollector{stat: opts.Store})
+	}
+	if opts.Limits != nil {
+		m.Registry.MustRegister(&limitCollector{stat: opts.Limits})
 	}
 	return m
 }
@@ -214,4 +230,34 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(cacheMissesDesc, prometheus.CounterValue, float64(s.CacheMisses))
 	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(s.Pending))
 	ch <- prometheus.MustNewConstMetric(unwrittenDesc, prometheus.CounterValue, float64(s.Unwritten))
+}
+
+// LimitRejected counts one request refused by the named limit.
+func (m *Metrics) LimitRejected(limit string) {
+	if m == nil {
+		return
+	}
+	m.limitRejections.WithLabelValues(limit).Inc()
+}
+
+// limitCollector reads the client limits' use at scrape time, so the
+// request path only moves its own atomic counters.
+type limitCollector struct{ stat func() LimitStat }
+
+var (
+	inflightBodyDesc = prometheus.NewDesc("tether_inflight_body_bytes",
+		"Request-body bytes held by requests in progress (bounded by --max-inflight-body-bytes).", nil, nil)
+	openStreamsDesc = prometheus.NewDesc("tether_open_streams",
+		"GET (server-to-client SSE) streams open through tether (bounded by --max-streams).", nil, nil)
+)
+
+func (c *limitCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inflightBodyDesc
+	ch <- openStreamsDesc
+}
+
+func (c *limitCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stat()
+	ch <- prometheus.MustNewConstMetric(inflightBodyDesc, prometheus.GaugeValue, float64(s.InflightBodyBytes))
+	ch <- prometheus.MustNewConstMetric(openStreamsDesc, prometheus.GaugeValue, float64(s.OpenStreams))
 }

@@ -57,6 +57,11 @@ type config struct {
 	PrincipalHeaders []string
 	PrincipalKeyFile string
 	PrincipalKey     string
+	// Client limits (DESIGN §11).
+	MaxInflightBodyBytes      int64
+	BodyTimeout               time.Duration
+	MaxStreams                int
+	HTTP2MaxConcurrentStreams int
 }
 
 func defaultConfig() config {
@@ -74,8 +79,12 @@ func defaultConfig() config {
 		CacheSize:     100000,
 		getenv:        func(string) string { return "" },
 
-		MaxInitBody:      proxy.DefaultMaxInitBody,
-		PrincipalHeaders: append([]string(nil), proxy.DefaultPrincipalHeaders...),
+		MaxInitBody:               proxy.DefaultMaxInitBody,
+		PrincipalHeaders:          append([]string(nil), proxy.DefaultPrincipalHeaders...),
+		MaxInflightBodyBytes:      proxy.DefaultMaxInflightBodyBytes,
+		BodyTimeout:               proxy.DefaultBodyTimeout,
+		MaxStreams:                proxy.DefaultMaxStreams,
+		HTTP2MaxConcurrentStreams: defaultHTTP2MaxConcurrentStreams,
 	}
 }
 
@@ -116,6 +125,10 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "write trace spans to stdout as JSON (local runs; OTLP is configured with the OTEL_* variables)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text | json")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug | info | warn | error")
+	fs.Int64Var(&cfg.MaxInflightBodyBytes, "max-inflight-body-bytes", cfg.MaxInflightBodyBytes, "request-body bytes held at once by all requests (more: 503)")
+	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "time a request body may take to arrive, whole (slower: 408, connection closed)")
+	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "GET (SSE) streams open at once (more: 503)")
+	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
 
 	// Environment first, so that the command line overrides it.
 	var envErr error
@@ -142,7 +155,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	cfg.PrincipalKey = getenv("TETHER_PRINCIPAL_KEY")
 	cfg.getenv = getenv
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return cfg, fmt.Errorf("unexpected argument %q", redactURL(fs.Arg(0)))
 	}
 	return cfg, cfg.validate()
 }
@@ -190,6 +203,14 @@ func (c config) validate() error {
 		return errors.New("TETHER_PRINCIPAL_KEY and --principal-key-file are mutually exclusive")
 	case c.PrincipalKey != "" && len(c.PrincipalKey) < minPrincipalKey:
 		return fmt.Errorf("TETHER_PRINCIPAL_KEY must be at least %d bytes", minPrincipalKey)
+	case c.MaxInflightBodyBytes < c.MaxBody:
+		return fmt.Errorf("--max-inflight-body-bytes (%d) must be at least --max-body (%d)", c.MaxInflightBodyBytes, c.MaxBody)
+	case c.BodyTimeout <= 0:
+		return fmt.Errorf("--body-timeout must be positive, got %s", c.BodyTimeout)
+	case c.MaxStreams <= 0:
+		return fmt.Errorf("--max-streams must be positive, got %d", c.MaxStreams)
+	case c.HTTP2MaxConcurrentStreams <= 0:
+		return fmt.Errorf("--http2-max-concurrent-streams must be positive, got %d", c.HTTP2MaxConcurrentStreams)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must not be negative, got %s", c.ShutdownGrace)
 	case !slices.Contains(balancer.PickerNames, c.Balancer):
@@ -215,7 +236,7 @@ func (c config) validate() error {
 	}
 	if c.RedisURL != "" {
 		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			return fmt.Errorf("--redis-url: %v", err)
+			return urlError("--redis-url", c.RedisURL, err)
 		}
 	}
 	for _, h := range c.PrincipalHeaders {

@@ -50,6 +50,12 @@ func TestParseServeFlags(t *testing.T) {
 				c.RedisURL, c.RedisPrefix, c.SessionMaxAge, c.CacheSize, c.RedisTimeout = "rediss://redis.example:6380/2", "t1:", 24*time.Hour, 500, 20*time.Millisecond
 				c.RedisPassword = "s3cret"
 			}), ""},
+		{"limits", []string{"--backends", "http://127.0.0.1:9001", "--max-inflight-body-bytes", "8388608", "--body-timeout", "5s",
+			"--http2-max-concurrent-streams", "100"},
+			env("TETHER_MAX_STREAMS", "500"),
+			with(func(c *config) {
+				c.MaxInflightBodyBytes, c.BodyTimeout, c.MaxStreams, c.HTTP2MaxConcurrentStreams = 8<<20, 5*time.Second, 500, 100
+			}), ""},
 
 		{"init body and principal", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "8192",
 			"--principal-headers", "Authorization, X-Auth-Request-User", "--principal-key-file", "/run/key"}, env(),
@@ -66,6 +72,10 @@ func TestParseServeFlags(t *testing.T) {
 		{"bad principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "Authorization,X User"}, env(), config{}, "--principal-headers"},
 		{"short principal key", []string{"--backends", "http://127.0.0.1:9001"}, env("TETHER_PRINCIPAL_KEY", "short"), config{}, "at least 32 bytes"},
 		{"two principal keys", []string{"--backends", "http://127.0.0.1:9001", "--principal-key-file", "/k"}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)), config{}, "mutually exclusive"},
+		{"budget below max body", []string{"--backends", "http://127.0.0.1:9001", "--max-inflight-body-bytes", "1024"}, env(), config{}, "--max-inflight-body-bytes (1024) must be at least --max-body"},
+		{"zero body timeout", []string{"--backends", "http://127.0.0.1:9001", "--body-timeout", "0s"}, env(), config{}, "--body-timeout"},
+		{"zero max streams", []string{"--backends", "http://127.0.0.1:9001", "--max-streams", "0"}, env(), config{}, "--max-streams"},
+		{"zero h2 streams", []string{"--backends", "http://127.0.0.1:9001", "--http2-max-concurrent-streams", "0"}, env(), config{}, "--http2-max-concurrent-streams"},
 		{"bad redis url", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "http://x"}, env(), config{}, "--redis-url"},
 		{"redis ca without redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-ca", "/ca.pem"}, env(), config{}, "--redis-ca needs --redis-url"},
 		{"zero cache", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "0"}, env(), config{}, "--session-cache-size"},

@@ -63,7 +63,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	default:
-		fmt.Fprintln(stderr, "tether:", err)
+		// Errors name their flags' values; a URL's password is not shown.
+		fmt.Fprintln(stderr, "tether:", redactURLs(err.Error()))
 		return 1
 	}
 }

@@ -29,6 +29,50 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return log
 }
 
+// Limits of the listeners (DESIGN §11; the request-body limits are the
+// proxy's, see proxy.Config).
+const (
+	// clientHeaderTimeout: the request line and headers must arrive within
+	// it (HAProxy's usual timeout http-request; nginx's
+	// client_header_timeout is 60 s).
+	clientHeaderTimeout = 10 * time.Second
+	// clientIdleTimeout closes a keep-alive connection idle this long. It is
+	// longer than the idle timeouts of the clients in front (Go's transport
+	// 90 s, nginx's upstream keepalive 60 s), so the client, not tether,
+	// closes an idle connection: a request written as the server closes
+	// its side is lost.
+	clientIdleTimeout    = 120 * time.Second
+	clientMaxHeaderBytes = 64 << 10
+	// defaultHTTP2MaxConcurrentStreams (--http2-max-concurrent-streams) is
+	// Go's own default, which h2 clients are tuned for; a GET stream holds
+	// one for its whole life, so a front proxy opens another connection
+	// past it. The memory behind the streams is bounded by
+	// --max-inflight-body-bytes and --max-streams, not by this.
+	defaultHTTP2MaxConcurrentStreams = 250
+	// h2MaxReadFrameSize is the largest frame a client may send: HTTP/2's
+	// initial value. The frame read buffer of a connection grows to the
+	// largest frame received and stays, so Go's 1 MiB default would let
+	// every h2c connection pin 1 MiB.
+	h2MaxReadFrameSize = 16 << 10
+	// h2ReceiveBuffer is the flow-control window of a connection and of a
+	// stream: the most request-body data a client may send that the
+	// handler has not read yet (Go's default: 1 MiB each). tether reads
+	// POST bodies at once; this bounds what a client can park on a
+	// connection in bodies tether does not read (GET, DELETE), and still
+	// moves a 4 MiB body on loopback in a few window updates.
+	h2ReceiveBuffer = 256 << 10
+
+	// The admin listener serves small, quick answers (/metrics, probes,
+	// /debug): a whole request must arrive within adminReadTimeout and its
+	// answer be written within adminWriteTimeout (Prometheus' default
+	// scrape timeout is 10 s).
+	adminHeaderTimeout  = 5 * time.Second
+	adminReadTimeout    = 10 * time.Second
+	adminWriteTimeout   = 30 * time.Second
+	adminIdleTimeout    = 60 * time.Second
+	adminMaxHeaderBytes = 16 << 10
+)
+
 // server is a running tether: client and admin listeners around one proxy.
 type server struct {
 	cfg     config
@@ -62,6 +106,7 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
 		Endpoints: s.endpointStats,
 		Store:     s.storeStats,
+		Limits:    func() telemetry.LimitStat { return s.proxy.LimitStats() },
 	})
 	s.store, err = newStore(cfg, log, s.metrics, func(r *session.Record) { s.proxy.SessionExpired(r) })
 	if err != nil {
@@ -83,11 +128,16 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	}
 	s.transport = proxy.NewTransport(cfg.BackendH2C)
 	s.proxy = proxy.New(proxy.Config{
-		Balancer:   s.bal,
-		Store:      s.store,
-		Transport:  s.transport,
-		MaxBody:    cfg.MaxBody,
-		Logger:     log,
+		Balancer:  s.bal,
+		Store:     s.store,
+		Transport: s.transport,
+		MaxBody:   cfg.MaxBody,
+		Logger:    log,
+
+		MaxInflightBodyBytes: cfg.MaxInflightBodyBytes,
+		BodyTimeout:          cfg.BodyTimeout,
+		MaxStreams:           cfg.MaxStreams,
+
 		Metrics:    s.metrics,
 		Tracer:     s.tracing.Tracer(),
 		Propagator: s.tracing.Propagator,
@@ -102,17 +152,29 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true) // h2c by prior knowledge only, never by Upgrade
 	s.client = &http.Server{
-		Handler:           s.proxy,
-		Protocols:         &protos,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return s.requestCtx },
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Handler:   s.proxy,
+		Protocols: &protos,
+		// No ReadTimeout or WriteTimeout: SSE responses live for hours. The
+		// body has its own deadline (--body-timeout, set by the proxy).
+		ReadHeaderTimeout: clientHeaderTimeout,
+		IdleTimeout:       clientIdleTimeout,
+		MaxHeaderBytes:    clientMaxHeaderBytes,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          cfg.HTTP2MaxConcurrentStreams,
+			MaxReadFrameSize:              h2MaxReadFrameSize,
+			MaxReceiveBufferPerConnection: h2ReceiveBuffer,
+			MaxReceiveBufferPerStream:     h2ReceiveBuffer,
+		},
+		BaseContext: func(net.Listener) context.Context { return s.requestCtx },
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	s.admin = &http.Server{
 		Handler:           s.adminHandler(),
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: adminHeaderTimeout,
+		ReadTimeout:       adminReadTimeout,
+		WriteTimeout:      adminWriteTimeout,
+		IdleTimeout:       adminIdleTimeout,
+		MaxHeaderBytes:    adminMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 

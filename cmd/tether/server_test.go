@@ -20,12 +20,31 @@ import (
 // startServer runs tether on ephemeral loopback ports in front of backends.
 func startServer(t *testing.T, backends ...string) *server {
 	t.Helper()
+	return startServerWith(t, nil, backends...)
+}
+
+// startServerWith is startServer with tune applied to the configuration.
+func startServerWith(t *testing.T, tune func(*config), backends ...string) *server {
+	t.Helper()
+	return startServerPrepared(t, tune, nil, backends...)
+}
+
+// startServerPrepared is startServerWith with prepare applied to the server
+// before it runs (no goroutine of it has started yet).
+func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server), backends ...string) *server {
+	t.Helper()
 	cfg := defaultConfig()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Backends = backends
+	if tune != nil {
+		tune(&cfg)
+	}
 	s, err := newServer(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(s)
 	}
 	src, err := discovery.NewStatic(backends)
 	if err != nil {

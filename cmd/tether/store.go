@@ -56,7 +56,7 @@ func newStore(cfg config, log *slog.Logger, metrics *telemetry.Metrics, onExpire
 func redisOptions(cfg config, log *slog.Logger) (*redis.Options, error) {
 	opt, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url: %v", err)
+		return nil, urlError("--redis-url", cfg.RedisURL, err)
 	}
 	if opt.Password == "" && cfg.RedisPassword != "" {
 		opt.Password = cfg.RedisPassword

@@ -33,13 +33,35 @@ const (
 	// webhookDrain bounds the shutdown: reviews take milliseconds, and
 	// the API server's timeout is at most 30 s.
 	webhookDrain = 10 * time.Second
+
+	// defaultMaxConcurrentReviews (--max-concurrent-reviews) bounds the
+	// reviews read and parsed at once. An ordinary Pod takes about a
+	// millisecond, so four slots serve thousands of creations a second; a
+	// Pod near the 3 MiB bound can take seconds of CPU and hundreds of MB
+	// of allocations, and four of them are what the webhook holds at once.
+	defaultMaxConcurrentReviews = 4
+	// reviewQueueWait is how long a review waits for a slot before it is
+	// answered 503: short of the API server's timeoutSeconds
+	// (deploy/webhook: 5 s), whose failurePolicy then decides.
+	reviewQueueWait = 2 * time.Second
+
+	// The listener's timeouts: the API server sends a review at once and
+	// gives up on it after timeoutSeconds (at most 30 s), so a request
+	// still arriving after webhookReadTimeout is of no use to anyone, and
+	// holds a review slot while it trickles in.
+	webhookHeaderTimeout  = 5 * time.Second
+	webhookReadTimeout    = 10 * time.Second
+	webhookWriteTimeout   = 15 * time.Second // queue wait + review + reply
+	webhookIdleTimeout    = 90 * time.Second
+	webhookMaxHeaderBytes = 64 << 10
 )
 
 // webhookConfig is the webhook command's configuration.
 type webhookConfig struct {
-	Listen            string
-	CertFile, KeyFile string
-	Inject            inject.Config
+	Listen               string
+	CertFile, KeyFile    string
+	MaxConcurrentReviews int
+	Inject               inject.Config
 }
 
 func parseWebhookFlags(args []string, getenv func(string) string, stderr io.Writer) (webhookConfig, error) {
@@ -48,6 +70,8 @@ func parseWebhookFlags(args []string, getenv func(string) string, stderr io.Writ
 		CertFile: defaultWebhookCert,
 		KeyFile:  defaultWebhookKey,
 		Inject:   inject.DefaultConfig(version),
+
+		MaxConcurrentReviews: defaultMaxConcurrentReviews,
 	}
 	fs := newFlagSet("tether webhook")
 	const synopsis = `usage: tether webhook [flags]
@@ -60,6 +84,7 @@ re-read when they change. GET /healthz answers 200.
 	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTPS listener address")
 	fs.StringVar(&c.CertFile, "tls-cert", c.CertFile, "PEM certificate (chain) the webhook serves; re-read when it changes")
 	fs.StringVar(&c.KeyFile, "tls-key", c.KeyFile, "PEM private key of the certificate")
+	fs.IntVar(&c.MaxConcurrentReviews, "max-concurrent-reviews", c.MaxConcurrentReviews, "admission reviews read and parsed at once (more wait briefly, then 503)")
 	injectFlags(fs, &c.Inject)
 	if err := envDefaults(fs, getenv); err != nil {
 		return c, err
@@ -72,6 +97,9 @@ re-read when they change. GET /healthz answers 200.
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return c, fmt.Errorf("--listen %q: %v", c.Listen, err)
+	}
+	if c.MaxConcurrentReviews <= 0 {
+		return c, fmt.Errorf("--max-concurrent-reviews must be positive, got %d", c.MaxConcurrentReviews)
 	}
 	// The Service may come from each Pod's annotation; check the rest.
 	check := c.Inject
@@ -98,21 +126,23 @@ func webhookCommand(ctx context.Context, args []string, getenv func(string) stri
 	if err != nil {
 		return err
 	}
-	return serveWebhook(ctx, ln, certs, inject.Injector{Defaults: c.Inject}, log)
+	return serveWebhook(ctx, ln, certs, inject.Injector{Defaults: c.Inject}, c.MaxConcurrentReviews, log)
 }
 
-// serveWebhook serves the webhook on ln until ctx ends, then drains.
-func serveWebhook(ctx context.Context, ln net.Listener, certs *certReloader, inj inject.Injector, log *slog.Logger) error {
+// serveWebhook serves the webhook on ln until ctx ends, then drains. At
+// most maxReviews admission reviews are read and parsed at once.
+func serveWebhook(ctx context.Context, ln net.Listener, certs *certReloader, inj inject.Injector, maxReviews int, log *slog.Logger) error {
 	mux := http.NewServeMux()
-	mux.Handle("/inject", inj.AdmissionHandler(log))
+	mux.Handle("/inject", limitConcurrency(inj.AdmissionHandler(log), maxReviews, reviewQueueWait))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	srv := &http.Server{
 		Handler:           mux,
 		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate},
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       90 * time.Second,
+		ReadHeaderTimeout: webhookHeaderTimeout,
+		ReadTimeout:       webhookReadTimeout,
+		WriteTimeout:      webhookWriteTimeout,
+		IdleTimeout:       webhookIdleTimeout,
+		MaxHeaderBytes:    webhookMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	errc := make(chan error, 1)
@@ -130,6 +160,33 @@ func serveWebhook(ctx context.Context, ln net.Listener, certs *certReloader, inj
 		err = e
 	}
 	return err
+}
+
+// limitConcurrency lets at most slots requests into h at once. A request
+// that finds them taken waits up to wait for one, then is answered 503 with
+// Retry-After: parsing is CPU and memory, and a burst must queue rather
+// than multiply them.
+func limitConcurrency(h http.Handler, slots int, wait time.Duration) http.Handler {
+	sem := make(chan struct{}, slots)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case sem <- struct{}{}:
+		default:
+			timer := time.NewTimer(wait)
+			defer timer.Stop()
+			select {
+			case sem <- struct{}{}:
+			case <-timer.C:
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "too many admission reviews at once; retry later", http.StatusServiceUnavailable)
+				return
+			case <-r.Context().Done():
+				return
+			}
+		}
+		defer func() { <-sem }()
+		h.ServeHTTP(w, r)
+	})
 }
 
 // certReloader serves a certificate from files and re-reads them, at most

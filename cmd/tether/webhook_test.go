@@ -101,7 +101,7 @@ func startWebhook(t *testing.T, certs *certReloader, defaults inject.Config) (ad
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- serveWebhook(ctx, ln, certs, inject.Injector{Defaults: defaults}, slog.New(slog.DiscardHandler))
+		done <- serveWebhook(ctx, ln, certs, inject.Injector{Defaults: defaults}, defaultMaxConcurrentReviews, slog.New(slog.DiscardHandler))
 	}()
 	var once sync.Once
 	stop = func() {
@@ -191,7 +191,7 @@ func TestWebhookServesAndReloadsItsCertificate(t *testing.T) {
 func TestWebhookFlags(t *testing.T) {
 	none := func(string) string { return "" }
 	c, err := parseWebhookFlags(nil, none, io.Discard)
-	if err != nil || c.Listen != ":8443" || c.CertFile != defaultWebhookCert || c.Inject.Service != "" {
+	if err != nil || c.Listen != ":8443" || c.CertFile != defaultWebhookCert || c.Inject.Service != "" || c.MaxConcurrentReviews != defaultMaxConcurrentReviews {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
 	env := func(k string) string {
@@ -201,7 +201,7 @@ func TestWebhookFlags(t *testing.T) {
 	if err != nil || c.Listen != "127.0.0.1:1" || c.Inject.RedisURLSecret != "redis/url" {
 		t.Fatalf("env and flags: %+v %v", c, err)
 	}
-	for _, args := range [][]string{{"--balancer=x"}, {"--listen=nope"}, {"extra"}, {"--image="}} {
+	for _, args := range [][]string{{"--balancer=x"}, {"--listen=nope"}, {"extra"}, {"--image="}, {"--max-concurrent-reviews=0"}} {
 		if _, err := parseWebhookFlags(args, none, io.Discard); err == nil {
 			t.Errorf("%q accepted", args)
 		}
