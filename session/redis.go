@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrUnavailable reports that the shared store could not be reached in
@@ -133,6 +135,10 @@ func NewRedisClient(opt *redis.Options, budget time.Duration) *redis.Client {
 	opt.WriteTimeout = opt.ReadTimeout
 	opt.PoolTimeout = budget
 	opt.DisableIdentity = true // no CLIENT SETINFO round trip on every new connection
+	// No CLIENT MAINT_NOTIFICATIONS round trip either, and no server-sent
+	// "relaxed timeouts" (10 s) or endpoint moves overriding the budget
+	// and the configured address.
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	dial := opt.Dialer
 	if dial == nil {
 		dial = redis.NewDialer(opt)
@@ -772,37 +778,73 @@ func (r *Redis) Announce(ctx context.Context, msg string) (err error) {
 // disconnect; messages sent meanwhile are lost, so resubscribed is called
 // after every subscription but the first, for the caller to distrust what
 // it cached.
+//
+// Messages are received here rather than through go-redis's Channel: its
+// receiving goroutine turns a malformed pub/sub message into a panic that
+// nothing can recover (unchecked type assertions on the reply), while here
+// it is one skipped message.
 func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
 	ps := r.client.Subscribe(ctx, r.channel())
 	defer ps.Close()
-	ch := ps.ChannelWithSubscriptions()
-	subscriptions := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case msg, ok := <-ch:
-			if !ok {
+	stop := context.AfterFunc(ctx, func() { ps.Close() }) // unblocks Receive
+	defer stop()
+	subscriptions, failures := 0, 0
+	for ctx.Err() == nil {
+		msg, err := receive(ctx, ps)
+		if err != nil {
+			var ne net.Error
+			switch {
+			case ctx.Err() != nil || errors.Is(err, redis.ErrClosed):
 				return
-			}
-			switch m := msg.(type) {
-			case *redis.Message:
-				if strings.HasPrefix(m.Payload, " ") {
-					if control != nil {
-						control(m.Payload)
+			case errors.As(err, &ne) && ne.Timeout():
+				// A quiet channel: check the connection (the pong, or the
+				// failure and the reconnection, shows on the next Receive).
+				ps.Ping(ctx)
+			case errors.Is(err, ErrBadReply):
+			default:
+				if failures++; failures > 1 { // Redis is down: do not spin
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
 					}
-					continue
 				}
-				fn(m.Payload)
-			case *redis.Subscription:
-				if m.Kind == "subscribe" {
-					if subscriptions++; subscriptions > 1 {
-						resubscribed()
-					}
+			}
+			continue
+		}
+		failures = 0
+		switch m := msg.(type) {
+		case *redis.Message:
+			if strings.HasPrefix(m.Payload, " ") {
+				if control != nil {
+					control(m.Payload)
+				}
+				continue
+			}
+			fn(m.Payload)
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				if subscriptions++; subscriptions > 1 {
+					resubscribed()
 				}
 			}
 		}
 	}
+}
+
+// pubsubIdle is how long a quiet subscription waits before checking its
+// connection with a PING (go-redis's Channel does the same every 30 s).
+const pubsubIdle = 30 * time.Second
+
+// receive is one Receive, with go-redis's panics on malformed messages
+// (see Invalidations) turned into ErrBadReply. The message was read whole
+// before go-redis looked into it, so the connection stays usable.
+func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg, err = nil, badReply("pub/sub message: %v", p)
+		}
+	}()
+	return ps.ReceiveTimeout(ctx, pubsubIdle)
 }
 
 // Close closes the client.
