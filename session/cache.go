@@ -31,7 +31,7 @@ import (
 // use.
 //
 // Degraded mode: only an outage degrades, and an outage is a failed call
-// that a health probe (PING) confirms. A slow reply from a Redis that
+// that a health probe confirms (a PING unanswered within four budgets). A slow reply from a Redis that
 // answers pings (a large value, a busy moment) fails or retries that one
 // call and nothing else. While degraded: cached sessions keep routing; a
 // session that is not cached cannot be routed (ErrUnavailable: its backend
@@ -354,7 +354,7 @@ func (c *Cache) outage(err error) bool {
 	c.probing = ch
 	c.probeMu.Unlock()
 
-	down := c.shared.Ping(context.Background()) != nil // bounded by the budget
+	down := c.shared.probe(context.Background()) != nil // bounded
 	if down {
 		c.markDegraded(err)
 	} else {
@@ -1138,6 +1138,8 @@ func (c *Cache) Close() error {
 	return c.closeErr
 }
 
+// flushAtClose writes the pending records, retrying until CloseTimeout
+// (Redis may be restarting too), and says how many it could not write.
 func (c *Cache) flushAtClose() {
 	recs := c.pendingRecords()
 	if len(recs) == 0 {
@@ -1145,22 +1147,38 @@ func (c *Cache) flushAtClose() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout)
 	defer cancel()
-	written, lost := 0, 0
+	written := 0
 	var cause error
-	for i, err := range c.shared.RestoreAll(ctx, recs) {
-		if err == nil {
-			written++
-			c.dropPending(recs[i])
+	for {
+		var left []*Record
+		for i, err := range c.shared.RestoreAll(ctx, recs) {
+			switch {
+			case err == nil:
+				written++
+				c.dropPending(recs[i])
+			case errors.Is(err, ErrExists):
+				c.collision(recs[i]) // counted and logged there
+			default:
+				left = append(left, recs[i])
+				cause = err
+			}
+		}
+		recs = left
+		if len(recs) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
 			continue
 		}
-		lost++
-		cause = err
+		break
 	}
 	c.flushedAtClose.Add(int64(written))
-	c.unflushed.Add(int64(lost))
-	if lost > 0 {
+	c.unflushed.Add(int64(len(recs)))
+	if len(recs) > 0 {
 		c.log.Warn("session store: at shutdown, sessions created during the Redis outage could not be written; they are lost",
-			"written", written, "lost", lost, "err", cause)
+			"written", written, "lost", len(recs), "err", cause)
 		return
 	}
 	c.log.Info("session store: at shutdown, wrote the sessions created during the Redis outage", "written", written)

@@ -140,9 +140,16 @@ func (tr *transitions) list() []bool {
 
 func newReplica(tb testing.TB, srv *redistest.Server, clock *fakeClock, opts session.CacheOptions) *replica {
 	tb.Helper()
+	return newReplicaOn(tb, srv, clock.Now, cacheBudget, opts)
+}
+
+// newReplicaOn is newReplica with a clock (nil: the real one) and a Redis
+// call budget.
+func newReplicaOn(tb testing.TB, srv *redistest.Server, now func() time.Time, budget time.Duration, opts session.CacheOptions) *replica {
+	tb.Helper()
 	r := &replica{cmds: &cmdLog{keep: true}, degraded: &transitions{}}
-	opts.Shared = sharedStore(tb, srv, clock.Now, r.cmds, opts.TTL)
-	opts.Now = clock.Now
+	opts.Shared = sharedStoreBudget(tb, srv, now, r.cmds, opts.TTL, budget)
+	opts.Now = now
 	opts.OnDegraded = r.degraded.add
 	r.Cache = session.NewCache(opts)
 	tb.Cleanup(func() { r.Close() })
@@ -153,15 +160,20 @@ func newReplica(tb testing.TB, srv *redistest.Server, clock *fakeClock, opts ses
 // observed by hook (if any). The caller closes it (Cache.Close does).
 func sharedStore(tb testing.TB, srv *redistest.Server, now func() time.Time, hook redis.Hook, ttl time.Duration) *session.Redis {
 	tb.Helper()
+	return sharedStoreBudget(tb, srv, now, hook, ttl, cacheBudget)
+}
+
+func sharedStoreBudget(tb testing.TB, srv *redistest.Server, now func() time.Time, hook redis.Hook, ttl, budget time.Duration) *session.Redis {
+	tb.Helper()
 	opt, err := redis.ParseURL(srv.URL())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	client := session.NewRedisClient(opt, cacheBudget)
+	client := session.NewRedisClient(opt, budget)
 	if hook != nil {
 		client.AddHook(hook)
 	}
-	return session.NewRedis(session.RedisOptions{Client: client, TTL: ttl, Timeout: cacheBudget, Now: now})
+	return session.NewRedis(session.RedisOptions{Client: client, TTL: ttl, Timeout: budget, Now: now})
 }
 
 // authority is a plain Redis store (no cache) on the same clock: what any

@@ -134,6 +134,10 @@ func NewRedisClient(opt *redis.Options, budget time.Duration) *redis.Client {
 	opt.ReadTimeout = 4*budget + bytesTime(maxReplyBulk)
 	opt.WriteTimeout = opt.ReadTimeout
 	opt.PoolTimeout = budget
+	// Two dial attempts 10 ms apart by default (go-redis: 5, 100 ms apart),
+	// so that a refused port fails within the budget.
+	opt.DialerRetries = 2
+	opt.DialerRetryTimeout = max(budget/5, time.Millisecond)
 	opt.DisableIdentity = true // no CLIENT SETINFO round trip on every new connection
 	// No CLIENT MAINT_NOTIFICATIONS round trip either, and no server-sent
 	// "relaxed timeouts" (10 s) or endpoint moves overriding the budget
@@ -696,6 +700,18 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 func (r *Redis) Ping(ctx context.Context) (err error) {
 	defer r.observe("ping", time.Now(), &err)
 	ctx, cancel := r.call(ctx, r.timeout)
+	defer cancel()
+	return unavailable(r.client.Ping(ctx).Err())
+}
+
+// probe asks whether Redis is down: a PING allowed four budgets (what a
+// connection is allowed to take to dial, see NewRedisClient). Redis down
+// (refused, reset) answers at once; frozen, unreachable or overloaded, it
+// takes the whole time; a single slow reply does not delay a PING sent
+// after it that much.
+func (r *Redis) probe(ctx context.Context) (err error) {
+	defer r.observe("probe", time.Now(), &err)
+	ctx, cancel := r.call(ctx, 4*r.timeout)
 	defer cancel()
 	return unavailable(r.client.Ping(ctx).Err())
 }
