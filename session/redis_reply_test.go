@@ -204,7 +204,7 @@ func TestRedisHostilePubSubMessages(t *testing.T) {
 			msg(redistest.Bulk("subscribe"), redistest.Bulk(channel), redistest.Int(1)),
 			msg()...), // empty: go-redis indexes [0]
 			msg(redistest.Bulk("message"), redistest.Int(5), redistest.Bulk("x"))...), // channel not a string
-			msg(redistest.Bulk("subscribe"), redistest.Bulk(channel))...),             // no count
+			msg(redistest.Bulk("subscribe"), redistest.Bulk(channel))...), // no count
 			msg(redistest.Int(3))...), // kind not a string
 			msg(redistest.Bulk("message"), redistest.Bulk(channel), redistest.Bulk("s-1"))...),
 			msg(redistest.Bulk("message"), redistest.Bulk(channel), redistest.Bulk(" restored"))...)
