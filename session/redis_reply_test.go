@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -199,15 +200,16 @@ func TestRedisHostilePubSubMessages(t *testing.T) {
 		if !strings.EqualFold(cmd[0], "SUBSCRIBE") {
 			return nil
 		}
-		msg := func(items ...[]byte) []byte { return redistest.Array(items...) }
-		return append(append(append(append(append(append(
-			msg(redistest.Bulk("subscribe"), redistest.Bulk(channel), redistest.Int(1)),
-			msg()...), // empty: go-redis indexes [0]
-			msg(redistest.Bulk("message"), redistest.Int(5), redistest.Bulk("x"))...), // channel not a string
-			msg(redistest.Bulk("subscribe"), redistest.Bulk(channel))...), // no count
-			msg(redistest.Int(3))...), // kind not a string
-			msg(redistest.Bulk("message"), redistest.Bulk(channel), redistest.Bulk("s-1"))...),
-			msg(redistest.Bulk("message"), redistest.Bulk(channel), redistest.Bulk(" restored"))...)
+		b, n := redistest.Bulk, redistest.Int
+		return slices.Concat(
+			redistest.Array(b("subscribe"), b(channel), n(1)),
+			redistest.Array(), // empty: go-redis indexes [0]
+			redistest.Array(b("message"), n(5), b("x")), // channel not a string
+			redistest.Array(b("subscribe"), b(channel)), // no count
+			redistest.Array(n(3)),                       // kind not a string
+			redistest.Array(b("message"), b(channel), b("s-1")),
+			redistest.Array(b("message"), b(channel), b(" restored")),
+		)
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
