@@ -59,19 +59,19 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		Listen:        "127.0.0.1:7480",
-		AdminListen:   "127.0.0.1:7481",
-		SessionTTL:    time.Hour,
-		Balancer:      "p2c",
-		MaxBody:       proxy.DefaultMaxBody,
-		ShutdownGrace: 25 * time.Second,
-		LogFormat:     "text",
-		LogLevel:      "info",
-		RedisPrefix:   "tether:",
-		RedisTimeout:  50 * time.Millisecond,
+		Listen:              "127.0.0.1:7480",
+		AdminListen:         "127.0.0.1:7481",
+		SessionTTL:          time.Hour,
+		Balancer:            "p2c",
+		MaxBody:             proxy.DefaultMaxBody,
+		ShutdownGrace:       25 * time.Second,
+		LogFormat:           "text",
+		LogLevel:            "info",
+		RedisPrefix:         "tether:",
+		RedisTimeout:        50 * time.Millisecond,
 		MaxSessions:         session.DefaultMaxSessions,
 		MaxSessionInitBytes: session.DefaultMaxInitBytes,
-		getenv:        func(string) string { return "" },
+		getenv:              func(string) string { return "" },
 	}
 }
 
