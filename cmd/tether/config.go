@@ -59,19 +59,22 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		Listen:              "127.0.0.1:7480",
-		AdminListen:         "127.0.0.1:7481",
-		SessionTTL:          time.Hour,
-		Balancer:            "p2c",
-		MaxBody:             proxy.DefaultMaxBody,
-		ShutdownGrace:       25 * time.Second,
-		LogFormat:           "text",
-		LogLevel:            "info",
-		RedisPrefix:         "tether:",
-		RedisTimeout:        50 * time.Millisecond,
+		Listen:        "127.0.0.1:7480",
+		AdminListen:   "127.0.0.1:7481",
+		SessionTTL:    time.Hour,
+		Balancer:      "p2c",
+		MaxBody:       proxy.DefaultMaxBody,
+		ShutdownGrace: 25 * time.Second,
+		LogFormat:     "text",
+		LogLevel:      "info",
+		RedisPrefix:   "tether:",
+		RedisTimeout:  50 * time.Millisecond,
+		getenv:        func(string) string { return "" },
+
+		// Why these bounds: see session.DefaultMaxSessions and
+		// session.DefaultMaxInitBytes.
 		MaxSessions:         session.DefaultMaxSessions,
 		MaxSessionInitBytes: session.DefaultMaxInitBytes,
-		getenv:              func(string) string { return "" },
 	}
 }
 
