@@ -212,9 +212,10 @@ func NewCache(opts CacheOptions) *Cache {
 	if c.onDegraded == nil {
 		c.onDegraded = func(bool) {}
 	}
-	c.tab = newTable(size, c.maxPendingBytes, func(e *cacheEntry, now int64) bool {
-		return now-e.lastUsed.Load() >= c.ttl.Nanoseconds()
-	})
+	c.tab = newTable(size, c.maxPendingBytes,
+		func(e *cacheEntry, now int64) bool { return now-e.lastUsed.Load() >= c.ttl.Nanoseconds() },
+		func(e *cacheEntry) string { return e.rec.ClientSID },
+		func(e *cacheEntry) []byte { return e.rec.Init })
 	c.names.m = make(map[string]string)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
@@ -238,10 +239,10 @@ func NewCache(opts CacheOptions) *Cache {
 // if needed: callers may share rec). A record whose body alone exceeds the
 // byte bound is not cached; the returned entry is then not in the table.
 func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
-	n := &node[cacheEntry]{key: rec.ClientSID}
-	if int64(len(rec.Init)) <= c.tab.maxBytes {
-		n.body = c.tab.bodies.acquire(rec.Init)
-		if data := bodyData(n.body); !sameBytes(rec.Init, data) {
+	n := new(node[cacheEntry])
+	keep := int64(len(rec.Init)) <= c.tab.maxBytes
+	if keep {
+		if data := c.tab.bodies.acquire(rec.Init); !sameBytes(rec.Init, data) {
 			rec = rec.Clone()
 			rec.Init = data
 		}
@@ -252,13 +253,13 @@ func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
 	// Redis's idle TTL runs from the record's LastUsed, not from when this
 	// replica read it: re-reads (every MaxStale) must not postpone refreshes.
 	e.touched.Store(rec.LastUsed.UnixNano())
-	if n.body == nil && len(rec.Init) > 0 {
+	if !keep {
 		return e // too large to keep
 	}
 
-	s := c.tab.shard(n.key)
+	s := c.tab.shard(rec.ClientSID)
 	s.mu.Lock()
-	if old := s.m[n.key]; old != nil {
+	if old := s.m[rec.ClientSID]; old != nil {
 		c.tab.removeLocked(s, old)
 	}
 	c.tab.insertLocked(s, n)

@@ -135,9 +135,10 @@ func NewMemory(opts MemoryOptions) *Memory {
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 	}
-	m.tab = newTable(maxLen, maxBytes, func(e *memEntry, now int64) bool {
-		return m.expired(e.rec.Load(), time.Unix(0, now))
-	})
+	m.tab = newTable(maxLen, maxBytes,
+		func(e *memEntry, now int64) bool { return m.expired(e.rec.Load(), time.Unix(0, now)) },
+		func(e *memEntry) string { return e.rec.Load().ClientSID },
+		func(e *memEntry) []byte { return e.rec.Load().Init })
 	go m.sweepLoop()
 	return m
 }
@@ -206,14 +207,13 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 	}
 	now := m.now()
 	// Interned before taking the shard lock: a new body is copied here.
-	b := m.tab.bodies.acquire(r.Init)
-	rec := own(r, nil, bodyData(b))
+	rec := own(r, nil, m.tab.bodies.acquire(r.Init))
 	rec.Version = 1
 	rec.LastUsed = now
 	if rec.Created.IsZero() {
 		rec.Created = now
 	}
-	n := &node[memEntry]{key: rec.ClientSID, body: b} // keyed by the store's own copy of the id
+	n := new(node[memEntry]) // keyed by the store's own copy of the id
 	n.val.rec.Store(rec)
 
 	s := m.tab.shard(rec.ClientSID)
@@ -223,7 +223,7 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 		cur := old.val.rec.Load()
 		if !m.expired(cur, now) {
 			s.mu.Unlock()
-			m.tab.bodies.release(b)
+			m.tab.bodies.release(rec.Init)
 			return ErrExists
 		}
 		replaced = cur
@@ -284,9 +284,8 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	// and Init with it, and those are reused rather than copied again.
 	init := cur.Init
 	if !sameBytes(next.Init, cur.Init) {
-		b := m.tab.bodies.acquire(next.Init)
-		m.tab.bodies.release(n.body)
-		n.body, init = b, bodyData(b)
+		init = m.tab.bodies.acquire(next.Init)
+		m.tab.bodies.release(cur.Init)
 	}
 	rec := own(next, cur, init)
 	rec.Principal = cur.Principal

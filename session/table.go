@@ -65,6 +65,10 @@ type table[V any] struct {
 	// dead reports an entry that is over anyway (idle past the TTL); it is
 	// evicted first and reported as expired rather than evicted.
 	dead func(v *V, now int64) bool
+	// keyOf and initOf read an entry's key and its interned initialize body
+	// (released when the entry leaves), so that nodes need not hold them.
+	keyOf  func(v *V) string
+	initOf func(v *V) []byte
 
 	n      atomic.Int64 // entries held
 	bodies bodies
@@ -97,19 +101,19 @@ type tableShard[V any] struct {
 	_          [cacheLine - tableShardSize%cacheLine]byte
 }
 
-// node is one entry of the table.
+// node is one entry of the table: 32 bytes besides V, as every session has
+// one.
 type node[V any] struct {
 	val  V
-	key  string
-	body *body // the entry's interned initialize body, released on removal
 	used atomic.Bool
 	// prev is towards the head, next towards the tail.
 	prev, next *node[V]
 }
 
 // newTable returns a table bounded by maxLen entries and maxBytes of
-// distinct initialize bodies (each > 0).
-func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool) *table[V] {
+// distinct initialize bodies (each > 0). Entries' bodies must have been
+// acquired from t.bodies.
+func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool, keyOf func(*V) string, initOf func(*V) []byte) *table[V] {
 	shards := 1
 	for shards < maxShards && int64(shards)*2*minShardLen <= maxLen {
 		shards *= 2
@@ -121,8 +125,10 @@ func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool) *table[V
 		maxLen:   maxLen,
 		maxBytes: maxBytes,
 		dead:     dead,
+		keyOf:    keyOf,
+		initOf:   initOf,
 	}
-	t.bodies.m = make(map[string]*body)
+	t.bodies.m = make(map[string]bodyRef)
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*node[V])
 	}
@@ -158,10 +164,10 @@ func (t *table[V]) peek(key string) *node[V] {
 // Len returns the number of entries.
 func (t *table[V]) len() int { return int(t.n.Load()) }
 
-// insertLocked adds n at the head of s; no entry for n.key may be present.
-// The caller holds s's write lock.
+// insertLocked adds n at the head of s; no entry for its key may be
+// present. The caller holds s's write lock.
 func (t *table[V]) insertLocked(s *tableShard[V], n *node[V]) {
-	s.m[n.key] = n
+	s.m[t.keyOf(&n.val)] = n
 	n.prev, n.next = nil, s.head
 	if s.head != nil {
 		s.head.prev = n
@@ -176,10 +182,9 @@ func (t *table[V]) insertLocked(s *tableShard[V], n *node[V]) {
 // s's write lock.
 func (t *table[V]) removeLocked(s *tableShard[V], n *node[V]) {
 	s.unlinkLocked(n)
-	delete(s.m, n.key)
+	delete(s.m, t.keyOf(&n.val))
 	t.n.Add(-1)
-	t.bodies.release(n.body)
-	n.body = nil
+	t.bodies.release(t.initOf(&n.val))
 }
 
 func (s *tableShard[V]) unlinkLocked(n *node[V]) {
@@ -316,64 +321,72 @@ func (t *table[V]) victimLocked(s *tableShard[V], keep *node[V], now int64) *nod
 // remove a record, never to read one.
 type bodies struct {
 	mu    sync.Mutex
-	m     map[string]*body // keyed by the body's own bytes
-	total atomic.Int64     // bytes of the distinct bodies in m
+	m     map[string]bodyRef // keyed by the kept copy's bytes
+	total atomic.Int64       // bytes of the distinct bodies in m
 }
 
-// body is one interned initialize body. data is never modified.
-type body struct {
-	data []byte
-	refs int // guarded by bodies.mu
+// bodyRef is the kept copy of a body (its bytes are the map key's, its
+// length the key's length) and how many entries hold it.
+type bodyRef struct {
+	data *byte
+	refs int
 }
 
-// acquire returns the interned copy of p (copying p if it is new) with one
-// more reference, or nil for an empty body.
-func (b *bodies) acquire(p []byte) *body {
+// acquire returns the kept copy of p (copying p if it is new) with one more
+// reference; nil for an empty body. The copy is never modified.
+func (b *bodies) acquire(p []byte) []byte {
 	if len(p) == 0 {
 		return nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if x := b.m[string(p)]; x != nil { // the conversion does not allocate
-		x.refs++
-		return x
+	if r, ok := b.m[string(p)]; ok { // the conversion does not allocate
+		r.refs++
+		b.m[string(p)] = r
+		return unsafe.Slice(r.data, len(p))
 	}
 	data := bytes.Clone(p)
-	x := &body{data: data, refs: 1}
 	// The key shares data's memory: neither is ever modified.
-	b.m[unsafe.String(&data[0], len(data))] = x
+	b.m[unsafe.String(&data[0], len(data))] = bodyRef{data: &data[0], refs: 1}
 	b.total.Add(int64(len(data)))
-	return x
+	return data
 }
 
-// shared returns the interned copy of p if there is one, else a copy of
-// p, without taking a reference: a record about to be written elsewhere
+// shared returns the kept copy of p if there is one, else a copy of p,
+// without taking a reference: for a record about to be written elsewhere
 // first and cached (acquire) after.
 func (b *bodies) shared(p []byte) []byte {
 	if len(p) == 0 {
 		return nil
 	}
 	b.mu.Lock()
-	x := b.m[string(p)]
+	r, ok := b.m[string(p)]
 	b.mu.Unlock()
-	if x != nil {
-		return x.data
+	if ok {
+		return unsafe.Slice(r.data, len(p))
 	}
 	return bytes.Clone(p)
 }
 
-// release drops a reference to x (nil is fine); the last one removes it.
-// Records that share the data keep it alive (it is garbage collected); it
-// only stops being counted and found.
-func (b *bodies) release(x *body) {
-	if x == nil {
+// release drops a reference to the body with p's bytes (acquired before;
+// nil is fine); the last one removes it. Records that share the bytes keep
+// them alive (they are garbage collected); they only stop being counted and
+// found.
+func (b *bodies) release(p []byte) {
+	if len(p) == 0 {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if x.refs--; x.refs == 0 {
-		delete(b.m, unsafe.String(&x.data[0], len(x.data)))
-		b.total.Add(-int64(len(x.data)))
+	r, ok := b.m[string(p)]
+	switch {
+	case !ok:
+	case r.refs > 1:
+		r.refs--
+		b.m[string(p)] = r
+	default:
+		delete(b.m, string(p))
+		b.total.Add(-int64(len(p)))
 	}
 }
 
@@ -382,12 +395,4 @@ func (b *bodies) distinct() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.m)
-}
-
-// bodyData is x's bytes (nil for a nil body).
-func bodyData(x *body) []byte {
-	if x == nil {
-		return nil
-	}
-	return x.data
 }
