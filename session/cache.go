@@ -88,6 +88,7 @@ type Cache struct {
 	wake         chan struct{} // closed (and replaced) when a replica finished a write-back
 	waiting      atomic.Int64
 	writingBack  atomic.Bool
+	badMarker    atomic.Bool // logged an unreadable marker
 
 	names names // interned backend ids, URLs and protocol versions of loaded records
 
@@ -782,7 +783,9 @@ func (c *Cache) checkEpoch(ctx context.Context) error {
 	ms, ok, err := c.shared.Marker(ctx)
 	switch {
 	case errors.Is(err, ErrBadReply):
-		c.log.Warn("session store: unreadable epoch marker; Redis data loss cannot be detected", "err", err)
+		if !c.badMarker.Swap(true) { // once, not every second
+			c.log.Warn("session store: unreadable epoch marker; Redis data loss cannot be detected", "err", err)
+		}
 		return nil
 	case err != nil:
 		return err
@@ -791,6 +794,7 @@ func (c *Cache) checkEpoch(ctx context.Context) error {
 	default:
 		c.sawMarker(ms, false)
 	}
+	c.badMarker.Store(false)
 	return nil
 }
 

@@ -278,6 +278,29 @@ func TestCacheReads(t *testing.T) {
 	}
 }
 
+// A hit is the lookup of every follow-up request: no allocation.
+func TestCacheGetHitDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	srv := redistest.Start(t)
+	a := newReplica(t, srv, newFakeClock(), session.CacheOptions{})
+	ctx := t.Context()
+	if err := a.Create(ctx, rec("s")); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, err := a.Get(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("Get (hit): %v allocs/op, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() { a.Touch(ctx, "s", epoch) }); n != 0 {
+		t.Errorf("Touch within TTL/10: %v allocs/op, want 0", n)
+	}
+}
+
 // The store contract, as far as the cache keeps it. Touch is not part of
 // it: the cache answers for what it holds (a session it does not hold is
 // not refreshed and not reported absent, see TestCacheTouch*).
