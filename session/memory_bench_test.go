@@ -157,9 +157,12 @@ func BenchmarkMemoryTouch(b *testing.B) {
 	})
 }
 
+// BenchmarkMemoryCreate is a new session at the bound: every Create evicts
+// the least recently used record (ids cycle through twice the bound, so an
+// id comes back only after its record was evicted).
 func BenchmarkMemoryCreate(b *testing.B) {
 	recs := benchRecords(benchSessions)
-	m := session.NewMemory(session.MemoryOptions{})
+	m := session.NewMemory(session.MemoryOptions{MaxSessions: benchSessions / 2})
 	b.Cleanup(func() { m.Close() })
 	ctx := b.Context()
 	b.ReportAllocs()
