@@ -11,11 +11,13 @@ import (
 // Limits of the in-process stores (the memory store, and the cache in front
 // of Redis). cmd/tether's flags default to them.
 const (
-	// DefaultMaxSessions bounds the records one process holds. A record
-	// costs about 350 bytes besides its initialize body (see
-	// BenchmarkMemoryFootprint), so 250,000 records are under 100 MiB: a
-	// sidecar's share of memory, and more sessions than one proxy replica
-	// serves (each live MCP session is also a backend session somewhere).
+	// DefaultMaxSessions bounds the records one process holds. It is a
+	// safety net, not a capacity target: each live session also holds a
+	// backend session, which costs the backend far more. A record costs
+	// about 300 bytes when clients send identical initialize bodies, about
+	// 400 bytes plus its body when they differ (BenchmarkMemoryFootprint,
+	// BenchmarkCacheFootprint), so the bound is about 100 MiB at most,
+	// besides the bodies (DefaultMaxInitBytes): within a sidecar's 512 MiB.
 	DefaultMaxSessions = 250_000
 	// DefaultMaxInitBytes bounds the initialize bodies one process holds,
 	// each distinct body counted once (identical bodies are shared). 128 MiB
