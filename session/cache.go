@@ -386,12 +386,7 @@ func (c *Cache) load(ctx context.Context, sid string, cached *cacheEntry, now ti
 	}
 	switch {
 	case err == nil:
-		rec.ClientSID = strings.Clone(sid) // the table's key: never a slice of a request's buffer
-		if rec.BackendSID == sid {
-			rec.BackendSID = rec.ClientSID
-		}
-		rec.BackendID, rec.BackendURL, rec.ProtocolVersion = c.names.get(rec.BackendID), c.names.get(rec.BackendURL), c.names.get(rec.ProtocolVersion)
-		e := c.put(rec, now)
+		e := c.put(c.adopt(rec), now)
 		if cached != nil {
 			e.lastUsed.Store(cached.lastUsed.Load())
 		}
@@ -431,6 +426,19 @@ func (c *Cache) load(ctx context.Context, sid string, cached *cacheEntry, now ti
 		}
 		return nil, ErrUnavailable
 	}
+}
+
+// adopt prepares a record just read from Redis for caching: its id (the
+// table's key) is copied out of whatever buffer the caller's id came from,
+// and the strings every session repeats are shared.
+func (c *Cache) adopt(rec *Record) *Record {
+	sid := rec.ClientSID
+	rec.ClientSID = strings.Clone(sid)
+	if rec.BackendSID == sid {
+		rec.BackendSID = rec.ClientSID
+	}
+	rec.BackendID, rec.BackendURL, rec.ProtocolVersion = c.names.get(rec.BackendID), c.names.get(rec.BackendURL), c.names.get(rec.ProtocolVersion)
+	return rec
 }
 
 // collision handles a record this replica kept (pending, or cached and lost
@@ -944,8 +952,7 @@ func (c *Cache) missed(ctx context.Context, sid string, now time.Time) (*Record,
 		rec, err := c.shared.get(ctx, sid, c.shared.timeout)
 		if err == nil {
 			c.recoveryFound.Add(1)
-			rec.ClientSID = strings.Clone(sid)
-			return c.put(rec, c.now()).rec, nil
+			return c.put(c.adopt(rec), c.now()).rec, nil
 		}
 		if p := c.pendingRecord(sid); p != nil {
 			return p, nil
