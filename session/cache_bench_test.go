@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/session"
 )
@@ -225,9 +227,16 @@ func BenchmarkCacheFootprint(b *testing.B) {
 		b.Fatalf("initialize body is %d bytes, want about 300", l)
 	}
 	srv := redistest.Start(b)
-	measure := func(b *testing.B, add func(c *session.Cache, i int) error) {
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer raw.Close()
+	// measure fills a new Cache with add; reset (if set) runs before the
+	// Cache starts.
+	measure := func(b *testing.B, reset func(), add func(c *session.Cache, i int) error) {
 		var heap, inuse, entries float64
 		for b.Loop() {
+			if reset != nil {
+				reset()
+			}
 			shared := sharedStore(b, srv, nil, nil, 0)
 			c := session.NewCache(session.CacheOptions{Shared: shared, Size: n})
 			fill(b, 64, func(int) error { return shared.Ping(b.Context()) })
@@ -246,13 +255,16 @@ func BenchmarkCacheFootprint(b *testing.B) {
 		b.ReportMetric(entries, "entries")
 	}
 	b.Run("created", func(b *testing.B) {
-		measure(b, func(c *session.Cache, i int) error { return c.Create(b.Context(), footprintRecord(i)) })
+		// Sessions of an earlier round would hold the ids.
+		reset := func() { raw.FlushAll(b.Context()) }
+		measure(b, reset, func(c *session.Cache, i int) error { return c.Create(b.Context(), footprintRecord(i)) })
 	})
 	b.Run("loaded", func(b *testing.B) {
 		shared := sharedStore(b, srv, nil, nil, 0)
 		defer shared.Close()
+		raw.FlushAll(b.Context())
 		fill(b, n, func(i int) error { return shared.Create(b.Context(), footprintRecord(i)) })
-		measure(b, func(c *session.Cache, i int) error { _, err := c.Get(b.Context(), footprintID(i)); return err })
+		measure(b, nil, func(c *session.Cache, i int) error { _, err := c.Get(b.Context(), footprintID(i)); return err })
 	})
 }
 

@@ -1,43 +1,46 @@
 package session
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // Memory is the embedded in-process Store: the default when tether runs
 // without Redis, and the reference for the semantics every Store shares.
 //
-// The map is split into shards, each behind its own RWMutex, so that no lock
-// is global and a lookup contends only with writes to the same shard. Each
-// map value is an entry whose record pointer is atomic: Get and Touch take
+// Records live in a table (see table): sharded, each shard behind its own
+// RWMutex, so no lock is global and a lookup contends only with writes to
+// the same shard. Each entry's record pointer is atomic: Get and Touch take
 // only a shard's read lock, and Touch publishes a fresh copy of the record
 // rather than modifying the shared one. Because that refresh happens at most
 // once per TTL/10, the idle clock may lag the real last use by up to TTL/10:
 // a session idle for between 0.9·TTL and TTL may already be gone.
 //
-// Who removes what, so that OnExpire runs exactly once per expired record and
-// never for a deleted one: an idle-expired record is reported as absent by
-// every method (Get, Touch, Swap, Delete), but only the sweeper (Sweep) or a
-// Create of the same id removes it, both under the shard's write lock. Delete
-// removes only live records and hands them to its caller. A record leaves the
-// store either through Delete's return value or through OnExpire, never both.
+// The store is bounded (MaxSessions records, MaxInitBytes of distinct
+// initialize bodies): a Create past a bound evicts the least recently used
+// records (idle ones first), and byte-identical initialize bodies are kept
+// once.
+//
+// Who removes what, so that OnExpire runs exactly once per record that ends
+// without a Delete: an idle-expired record is reported as absent by every
+// method (Get, Touch, Swap, Delete), but only the sweeper (Sweep), an
+// eviction or a Create of the same id removes it, all under the shard's
+// write lock. Delete removes only live records and hands them to its
+// caller. A record leaves the store either through Delete's return value or
+// through OnExpire, never both.
 type Memory struct {
 	ttl        time.Duration
 	touchEvery time.Duration // Touch refreshes LastUsed at most this often
 	sweepEvery time.Duration
 	now        func() time.Time
 	onExpire   func(*Record)
-	seed       maphash.Seed
+	onEvict    func(reason string)
 
-	shards [shardCount]shard
+	tab *table[memEntry]
 
 	closeOnce sync.Once
 	stop      chan struct{} // closed by Close
@@ -56,46 +59,48 @@ type MemoryOptions struct {
 	// records are invisible before that anyway; the sweep frees their memory
 	// and fires OnExpire). Default TTL/10, limited to [1s, 1m].
 	SweepInterval time.Duration
+	// MaxSessions bounds the records held; default DefaultMaxSessions.
+	MaxSessions int
+	// MaxInitBytes bounds the bytes of the distinct initialize bodies held;
+	// default DefaultMaxInitBytes. A Create whose body alone is larger fails
+	// with ErrInitTooLarge.
+	MaxInitBytes int64
 	// OnExpire, if set, is called once for each record that leaves the store
 	// without being returned by Delete: a record removed by the sweeper after
-	// idle expiry, and a record replaced by Create with the same ClientSID.
-	// Either way the session is over, which is what a per-backend
-	// live-session counter needs to know. It is called outside any lock and
-	// may use the store, but must not call Close (Close waits for the
-	// sweeper, which may be the caller).
+	// idle expiry, a record evicted to respect a bound, and an expired record
+	// replaced by Create with the same ClientSID. Either way the session is
+	// over, which is what a per-backend live-session counter needs to know.
+	// It is called outside any lock and may use the store, but must not call
+	// Close (Close waits for the sweeper, which may be the caller).
 	OnExpire func(*Record)
+	// OnEvict, if set, is called (outside any lock) for each record evicted
+	// to respect a bound, with the bound's name (EvictMaxSessions,
+	// EvictMaxInitBytes), e.g. to count evictions in a metric. OnExpire is
+	// called for the record too.
+	OnEvict func(reason string)
+}
+
+// memEntry is a table entry of the memory store. The record pointer is
+// atomic so that Touch can publish a refreshed copy under the shard's read
+// lock; Create, Swap, Delete, Sweep and eviction change it only under the
+// write lock.
+type memEntry struct {
+	rec atomic.Pointer[Record]
 }
 
 const (
-	defaultTTL  = time.Hour
-	minSweep    = time.Second
-	maxSweep    = time.Minute
-	shardCount  = 64 // a power of two, so a shard is picked with a mask
-	cacheLine   = 64
-	shardFields = unsafe.Sizeof(struct {
-		mu sync.RWMutex
-		m  map[string]*entry
-	}{})
+	defaultTTL = time.Hour
+	minSweep   = time.Second
+	maxSweep   = time.Minute
 )
-
-// shard is one slice of the map. It is padded to whole cache lines so that
-// locking one shard does not invalidate its neighbour in other cores' caches.
-type shard struct {
-	mu sync.RWMutex
-	m  map[string]*entry
-	_  [cacheLine - shardFields%cacheLine]byte
-}
-
-// entry is the map value. The record pointer is atomic so that Touch can
-// publish a refreshed copy under the shard's read lock; Create, Swap, Delete
-// and Sweep change it only under the write lock.
-type entry struct {
-	rec atomic.Pointer[Record]
-}
 
 var (
 	errEmptyID = errors.New("session: empty ClientSID")
 	errSwapID  = errors.New("session: Swap must keep ClientSID")
+	// ErrInitTooLarge reports a record whose initialize body alone exceeds
+	// the store's byte bound: it cannot be kept without evicting everything
+	// else. The proxy refuses such bodies long before (--max-init-body, 64 KiB).
+	ErrInitTooLarge = errors.New("session: initialize body larger than the store's byte bound")
 )
 
 // NewMemory returns an empty store and starts its sweeper; Close stops it.
@@ -112,19 +117,28 @@ func NewMemory(opts MemoryOptions) *Memory {
 	if sweep <= 0 {
 		sweep = min(max(ttl/10, minSweep), maxSweep)
 	}
+	maxLen := int64(opts.MaxSessions)
+	if maxLen <= 0 {
+		maxLen = DefaultMaxSessions
+	}
+	maxBytes := opts.MaxInitBytes
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxInitBytes
+	}
 	m := &Memory{
 		ttl:        ttl,
 		touchEvery: ttl / 10,
 		sweepEvery: sweep,
 		now:        now,
 		onExpire:   opts.OnExpire,
-		seed:       maphash.MakeSeed(),
+		onEvict:    opts.OnEvict,
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 	}
-	for i := range m.shards {
-		m.shards[i].m = make(map[string]*entry)
-	}
+	m.tab = newTable(maxLen, maxBytes,
+		func(e *memEntry, now int64) bool { return m.expired(e.rec.Load(), time.Unix(0, now)) },
+		func(e *memEntry) string { return e.rec.Load().ClientSID },
+		func(e *memEntry) []byte { return e.rec.Load().Init })
 	go m.sweepLoop()
 	return m
 }
@@ -152,10 +166,6 @@ func (m *Memory) Close() error {
 	return nil
 }
 
-func (m *Memory) shard(id string) *shard {
-	return &m.shards[maphash.String(m.seed, id)&(shardCount-1)]
-}
-
 // expired reports whether r has been idle for a full TTL at now.
 func (m *Memory) expired(r *Record, now time.Time) bool {
 	return now.Sub(r.LastUsed) >= m.ttl
@@ -165,16 +175,13 @@ func (m *Memory) expired(r *Record, now time.Time) bool {
 // context is unused: the memory store never waits on anything but a shard's
 // read lock.
 func (m *Memory) Get(_ context.Context, clientSID string) (*Record, error) {
-	s := m.shard(clientSID)
-	s.mu.RLock()
-	e := s.m[clientSID]
-	s.mu.RUnlock()
-	if e == nil {
+	n := m.tab.get(clientSID)
+	if n == nil {
 		return nil, ErrNotFound
 	}
 	// Loading after the unlock is fine: a concurrent Delete or Swap is then
 	// simply ordered after this Get.
-	r := e.rec.Load()
+	r := n.val.rec.Load()
 	if m.expired(r, m.now()) {
 		// Leave the removal to the sweeper, which owns OnExpire.
 		return nil, ErrNotFound
@@ -187,55 +194,86 @@ func (m *Memory) Reload(ctx context.Context, clientSID string) (*Record, error) 
 	return m.Get(ctx, clientSID)
 }
 
-// Create stores a copy of r (see Store.Create). A replaced record, live or
-// expired, is handed to OnExpire.
+// Create stores a copy of r (see Store.Create). A live record with the same
+// id is kept and ErrExists returned; an expired one is replaced and handed
+// to OnExpire. Past a bound, the least recently used records are evicted
+// (and handed to OnExpire).
 func (m *Memory) Create(_ context.Context, r *Record) error {
 	if r.ClientSID == "" {
 		return errEmptyID
 	}
+	if int64(len(r.Init)) > m.tab.maxBytes {
+		return ErrInitTooLarge
+	}
 	now := m.now()
-	rec := own(r, nil)
+	// Interned before taking the shard lock: a new body is copied here.
+	rec := own(r, nil, m.tab.bodies.acquire(r.Init))
 	rec.Version = 1
 	rec.LastUsed = now
 	if rec.Created.IsZero() {
 		rec.Created = now
 	}
+	n := new(node[memEntry]) // keyed by the store's own copy of the id
+	n.val.rec.Store(rec)
 
-	s := m.shard(rec.ClientSID)
+	s := m.tab.shard(rec.ClientSID)
 	s.mu.Lock()
-	e := s.m[rec.ClientSID]
 	var replaced *Record
-	if e == nil {
-		e = new(entry)
-		// Keyed by the store's own copy of the id, which rec shares.
-		s.m[rec.ClientSID] = e
-	} else {
-		replaced = e.rec.Load()
+	if old := s.m[rec.ClientSID]; old != nil {
+		cur := old.val.rec.Load()
+		if !m.expired(cur, now) {
+			s.mu.Unlock()
+			m.tab.bodies.release(rec.Init)
+			return ErrExists
+		}
+		replaced = cur
+		m.tab.removeLocked(s, old)
 	}
-	e.rec.Store(rec)
+	m.tab.insertLocked(s, n)
+	var gone []evicted[memEntry]
+	if _, over := m.tab.over(); over {
+		gone = m.tab.evictLocked(s, n, now.UnixNano(), nil)
+	}
 	s.mu.Unlock()
+	if _, over := m.tab.over(); over {
+		gone = m.tab.evictElsewhere(s, now.UnixNano(), gone)
+	}
 
 	if replaced != nil && m.onExpire != nil {
 		m.onExpire(replaced)
 	}
+	m.report(gone)
 	return nil
 }
 
-// Swap is a compare-and-swap on Version (see Store.Swap).
+// report tells OnEvict and OnExpire of records taken out by eviction.
+func (m *Memory) report(gone []evicted[memEntry]) {
+	for _, e := range gone {
+		if !e.expired && m.onEvict != nil {
+			m.onEvict(e.reason)
+		}
+		if m.onExpire != nil {
+			m.onExpire(e.node.val.rec.Load())
+		}
+	}
+}
+
+// Swap is a compare-and-swap on Version (see Store.Swap). The stored copy
+// keeps the session's Principal: a session never changes hands.
 func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	if next.ClientSID != old.ClientSID {
 		return nil, errSwapID
 	}
 	now := m.now()
 
-	s := m.shard(old.ClientSID)
+	s := m.tab.shard(old.ClientSID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[old.ClientSID]
-	if e == nil {
+	n := s.m[old.ClientSID]
+	if n == nil {
 		return nil, ErrNotFound
 	}
-	cur := e.rec.Load()
+	cur := n.val.rec.Load()
 	if m.expired(cur, now) {
 		return nil, ErrNotFound
 	}
@@ -244,7 +282,13 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	}
 	// Copied against the stored record: next normally shares its strings
 	// and Init with it, and those are reused rather than copied again.
-	rec := own(next, cur)
+	init := cur.Init
+	if !sameBytes(next.Init, cur.Init) {
+		init = m.tab.bodies.acquire(next.Init)
+		m.tab.bodies.release(cur.Init)
+	}
+	rec := own(next, cur, init)
+	rec.Principal = cur.Principal
 	rec.Version = cur.Version + 1
 	// A swap is a use of the session (it happens on a request); never move
 	// the idle clock backwards.
@@ -252,7 +296,8 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	if cur.LastUsed.After(now) {
 		rec.LastUsed = cur.LastUsed
 	}
-	e.rec.Store(rec)
+	n.val.rec.Store(rec)
+	n.used.Store(true)
 	return rec, nil
 }
 
@@ -262,15 +307,18 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 // a copy of the record with LastUsed = now. That copy is the only write, once
 // per TTL/10 per session, and it keeps the stored records immutable.
 func (m *Memory) Touch(_ context.Context, clientSID string, now time.Time) error {
-	s := m.shard(clientSID)
+	s := m.tab.shard(clientSID)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	e := s.m[clientSID]
-	if e == nil {
+	n := s.m[clientSID]
+	if n == nil {
 		return ErrNotFound
 	}
+	if !n.used.Load() {
+		n.used.Store(true)
+	}
 	for {
-		cur := e.rec.Load()
+		cur := n.val.rec.Load()
 		if m.expired(cur, now) {
 			return ErrNotFound
 		}
@@ -282,7 +330,7 @@ func (m *Memory) Touch(_ context.Context, clientSID string, now time.Time) error
 		// Only another Touch can race here (every other writer holds the
 		// write lock); after losing, the winner's LastUsed is usually recent
 		// enough for the check above to return.
-		if e.rec.CompareAndSwap(cur, next) {
+		if n.val.rec.CompareAndSwap(cur, next) {
 			return nil
 		}
 	}
@@ -293,18 +341,18 @@ func (m *Memory) Touch(_ context.Context, clientSID string, now time.Time) error
 // reports it through OnExpire.
 func (m *Memory) Delete(_ context.Context, clientSID string) (*Record, error) {
 	now := m.now()
-	s := m.shard(clientSID)
+	s := m.tab.shard(clientSID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[clientSID]
-	if e == nil {
+	n := s.m[clientSID]
+	if n == nil {
 		return nil, ErrNotFound
 	}
-	r := e.rec.Load()
+	r := n.val.rec.Load()
 	if m.expired(r, now) {
 		return nil, ErrNotFound
 	}
-	delete(s.m, clientSID)
+	m.tab.removeLocked(s, n)
 	return r, nil
 }
 
@@ -314,17 +362,17 @@ func (m *Memory) Delete(_ context.Context, clientSID string) (*Record, error) {
 func (m *Memory) Sweep(now time.Time) int {
 	n := 0
 	var gone []*Record
-	for i := range m.shards {
-		s := &m.shards[i]
+	for i := range m.tab.shards {
+		s := &m.tab.shards[i]
 		// Look under the read lock first: most sweeps find nothing, and then
 		// they never block Get or Touch.
 		if !m.anyExpired(s, now) {
 			continue
 		}
 		s.mu.Lock()
-		for id, e := range s.m {
-			if r := e.rec.Load(); m.expired(r, now) {
-				delete(s.m, id)
+		for _, e := range s.m {
+			if r := e.val.rec.Load(); m.expired(r, now) {
+				m.tab.removeLocked(s, e)
 				gone = append(gone, r)
 			}
 		}
@@ -341,11 +389,11 @@ func (m *Memory) Sweep(now time.Time) int {
 	return n
 }
 
-func (m *Memory) anyExpired(s *shard, now time.Time) bool {
+func (m *Memory) anyExpired(s *tableShard[memEntry], now time.Time) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, e := range s.m {
-		if m.expired(e.rec.Load(), now) {
+		if m.expired(e.val.rec.Load(), now) {
 			return true
 		}
 	}
@@ -353,16 +401,27 @@ func (m *Memory) anyExpired(s *shard, now time.Time) bool {
 }
 
 // Len returns the number of records held, including expired ones the
-// sweeper has not removed yet. It is cheap: it does not inspect records.
-func (m *Memory) Len() int {
-	n := 0
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.RLock()
-		n += len(s.m)
-		s.mu.RUnlock()
+// sweeper has not removed yet. It is cheap: one atomic load.
+func (m *Memory) Len() int { return m.tab.len() }
+
+// MemoryStats describes what the memory store holds.
+type MemoryStats struct {
+	Sessions      int   // records held (expired ones not yet swept included)
+	InitBytes     int64 // bytes of the distinct initialize bodies held
+	DistinctInits int   // distinct initialize bodies held
+	// Evictions are records evicted to respect a bound, by bound.
+	EvictedMaxSessions, EvictedMaxInitBytes int64
+}
+
+// Stats returns a snapshot of what the store holds.
+func (m *Memory) Stats() MemoryStats {
+	return MemoryStats{
+		Sessions:            m.tab.len(),
+		InitBytes:           m.tab.bodies.total.Load(),
+		DistinctInits:       m.tab.bodies.distinct(),
+		EvictedMaxSessions:  m.tab.evictedLen.Load(),
+		EvictedMaxInitBytes: m.tab.evictedBytes.Load(),
 	}
-	return n
 }
 
 // Range calls f for each live (unexpired) record, in no particular order,
@@ -372,11 +431,11 @@ func (m *Memory) Len() int {
 func (m *Memory) Range(f func(*Record) bool) {
 	now := m.now()
 	var buf []*Record
-	for i := range m.shards {
-		s := &m.shards[i]
+	for i := range m.tab.shards {
+		s := &m.tab.shards[i]
 		s.mu.RLock()
 		for _, e := range s.m {
-			if r := e.rec.Load(); !m.expired(r, now) {
+			if r := e.val.rec.Load(); !m.expired(r, now) {
 				buf = append(buf, r)
 			}
 		}
@@ -391,13 +450,13 @@ func (m *Memory) Range(f func(*Record) bool) {
 	}
 }
 
-// own returns a copy of r that the store can keep: it shares no memory
-// with the caller except what is immutable by contract and already owned by
-// the store (the fields of prev, a record the store handed out). Strings are
-// copied so that a session id sliced out of a large buffer does not pin that
-// buffer for the session's lifetime, and Init is copied so that the caller
-// may reuse its body buffer and so that spare capacity is not kept.
-func own(r, prev *Record) *Record {
+// own returns a copy of r that the store can keep, with init (the store's
+// interned copy of r's body) as its Init: it shares no memory with the
+// caller except what is immutable by contract and already owned by the
+// store (the fields of prev, a record the store handed out). Strings are
+// copied so that a session id sliced out of a large buffer does not pin
+// that buffer for the session's lifetime.
+func own(r, prev *Record, init []byte) *Record {
 	c := *r
 	if prev != nil && c.ClientSID == prev.ClientSID {
 		c.ClientSID = prev.ClientSID
@@ -412,9 +471,12 @@ func own(r, prev *Record) *Record {
 	default:
 		c.BackendSID = strings.Clone(c.BackendSID)
 	}
-	if prev == nil || !sameBytes(c.Init, prev.Init) {
-		c.Init = bytes.Clone(c.Init)
+	if prev != nil && c.Principal == prev.Principal {
+		c.Principal = prev.Principal
+	} else {
+		c.Principal = strings.Clone(c.Principal)
 	}
+	c.Init = init
 	// BackendID, BackendURL and ProtocolVersion are shared by many sessions
 	// and come from long-lived values (the endpoint set, a header); they are
 	// kept as given.

@@ -7,8 +7,13 @@ import (
 )
 
 func TestShardPadding(t *testing.T) {
-	if got := unsafe.Sizeof(shard{}); got%cacheLine != 0 {
-		t.Errorf("shard is %d bytes, not a multiple of %d", got, cacheLine)
+	for name, got := range map[string]uintptr{
+		"memory": unsafe.Sizeof(tableShard[memEntry]{}),
+		"cache":  unsafe.Sizeof(tableShard[cacheEntry]{}),
+	} {
+		if got%cacheLine != 0 {
+			t.Errorf("%s shard is %d bytes, not a multiple of %d", name, got, cacheLine)
+		}
 	}
 }
 

@@ -248,9 +248,9 @@ func TestMemorySweepAndOnExpire(t *testing.T) {
 	}
 }
 
-// A replaced record leaves the store without a Delete, so the per-backend
-// session count learns of it through OnExpire, whether it was live or
-// already expired.
+// A Create over a live record changes nothing (ErrExists, no OnExpire); an
+// expired record replaced by Create leaves the store without a Delete, so
+// the per-backend session count learns of it through OnExpire.
 func TestMemoryCreateReplaceReportsOld(t *testing.T) {
 	clock := newFakeClock()
 	var (
@@ -270,10 +270,10 @@ func TestMemoryCreateReplaceReportsOld(t *testing.T) {
 	}
 	second := rec("a")
 	second.BackendID = "second"
-	if err := m.Create(ctx, second); err != nil {
-		t.Fatal(err)
+	if err := m.Create(ctx, second); !errors.Is(err, session.ErrExists) {
+		t.Fatalf("Create over a live record = %v, want ErrExists", err)
 	}
-	clock.Advance(ttl) // second expires, unswept
+	clock.Advance(ttl) // first expires, unswept
 	third := rec("a")
 	third.BackendID = "third"
 	if err := m.Create(ctx, third); err != nil {
@@ -282,7 +282,7 @@ func TestMemoryCreateReplaceReportsOld(t *testing.T) {
 	if got := m.Sweep(clock.Now()); got != 0 {
 		t.Errorf("Sweep = %d, want 0 (the expired record was already replaced)", got)
 	}
-	want := []*session.Record{stored(first, epoch), stored(second, epoch)}
+	want := []*session.Record{stored(first, epoch)}
 	if diff := cmp.Diff(replaced, want); diff != "" {
 		t.Errorf("OnExpire (-got +want):\n%s", diff)
 	}
@@ -474,11 +474,13 @@ func TestMemoryConcurrentAccounting(t *testing.T) {
 				id := fmt.Sprintf("s%d", rng.IntN(ids))
 				switch op := rng.IntN(100); {
 				case op < 15:
-					if err := m.Create(ctx, rec(id)); err != nil {
+					switch err := m.Create(ctx, rec(id)); {
+					case err == nil:
+						created.Add(1)
+					case !errors.Is(err, session.ErrExists):
 						t.Error(err)
 						return
 					}
-					created.Add(1)
 				case op < 25:
 					if _, err := m.Delete(ctx, id); err == nil {
 						deleted.Add(1)

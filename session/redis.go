@@ -4,15 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrUnavailable reports that the shared store could not be reached in
 // time. Callers degrade (serve from what they know) instead of failing.
 var ErrUnavailable = errors.New("session: store unavailable")
+
+// ErrBadReply reports a reply from Redis that is not what tether's commands
+// and scripts return (a wrong type, a short array, a non-numeric field): a
+// tampered record, a proxy in front of Redis, or not Redis at all. It is an
+// error for the one call, never a panic, and it does not count as an outage.
+var ErrBadReply = errors.New("session: malformed reply from Redis")
 
 // Redis is the shared session store: every tether replica of a fleet reads
 // and writes the same records, so a session initialized through one replica
@@ -23,17 +33,27 @@ var ErrUnavailable = errors.New("session: store unavailable")
 //
 //	P s:<client sid>   hash: v (version), b (backend id), u (backend URL),
 //	                   bs (backend sid), i (initialize body), pv (protocol
-//	                   version), c, l, e (created, last used, expiry; Unix
-//	                   milliseconds of the store's clock: Lua numbers are
-//	                   doubles, exact only to 2^53), r (re-initializations)
+//	                   version), p (principal digest), c, l, e (created, last
+//	                   used, expiry; Unix milliseconds of the store's clock:
+//	                   Lua numbers are doubles, exact only to 2^53), r
+//	                   (re-initializations)
 //	P b:<backend id>   sorted set of client sids scored by expiry: the
 //	                   fleet-wide live sessions of a backend
-//	P invalidate       pub/sub channel: a client sid whose record changed
+//	P epoch            when this Redis's data began (Unix ms): a replica
+//	                   that finds it missing knows Redis lost its data (see
+//	                   Cache, recovery)
+//	P invalidate       pub/sub channel: a client sid whose record changed, or
+//	                   a control message (a leading space, which no session
+//	                   id has: see Cache, recovery)
 //
 // Expiry is judged twice: logically from e against the store's clock (so
 // every store agrees on what "expired" means, fake clocks in tests
 // included), and physically by Redis (PEXPIRE with the remaining time) so
 // that abandoned records do not pile up.
+//
+// Every call is bounded by the budget (Timeout), plus, for a call that
+// carries or returns an initialize body, the time that body takes at a
+// conservative throughput: a large value is slow, not an outage.
 //
 // Multi-key scripts touch the backend sets of both the old and the new
 // backend, so a Redis Cluster is not supported; use one primary (with
@@ -57,7 +77,8 @@ type RedisOptions struct {
 	TTL    time.Duration         // sliding idle TTL, default 1h
 	MaxAge time.Duration         // absolute cap on a session's life; 0 = none
 	// Timeout is the budget of one store call (one round trip), default
-	// 50ms. A store that cannot answer in time is treated as down.
+	// 50ms, extended for large values (see Redis). A store that cannot
+	// answer in time is treated as down.
 	Timeout time.Duration
 	Now     func() time.Time // nil = time.Now
 	// Observe is told of every round trip: the operation, its duration, and
@@ -84,7 +105,7 @@ func NewRedis(opts RedisOptions) *Redis {
 	if fn := opts.Observe; fn != nil {
 		r.observe = func(op string, start time.Time, errp *error) {
 			err := *errp
-			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrExists) {
 				err = nil
 			}
 			fn(op, time.Since(start), err)
@@ -97,7 +118,8 @@ func NewRedis(opts RedisOptions) *Redis {
 // context deadline (without ContextTimeoutEnabled a frozen server costs the
 // 5 s ReadTimeout per call), one retry with a short backoff (default
 // retries cost ~1.7 s per call against a refused port), and pool waits as
-// short as the call budget.
+// short as the call budget. Every connection's replies are checked against
+// tether's limits before go-redis reads them (see respguard.go).
 func NewRedisClient(opt *redis.Options, budget time.Duration) *redis.Client {
 	if budget <= 0 {
 		budget = 50 * time.Millisecond
@@ -107,16 +129,50 @@ func NewRedisClient(opt *redis.Options, budget time.Duration) *redis.Client {
 	opt.MinRetryBackoff = 2 * time.Millisecond
 	opt.MaxRetryBackoff = 10 * time.Millisecond
 	opt.DialTimeout = 4 * budget
-	opt.ReadTimeout = 4 * budget // backstops; the per-call context is the budget
-	opt.WriteTimeout = 4 * budget
+	// Backstops; the per-call context is the budget. Large values get more
+	// (see Redis.budget), up to the largest value the guard accepts.
+	opt.ReadTimeout = 4*budget + bytesTime(maxReplyBulk)
+	opt.WriteTimeout = opt.ReadTimeout
 	opt.PoolTimeout = budget
+	// Two dial attempts 10 ms apart by default (go-redis: 5, 100 ms apart),
+	// so that a refused port fails within the budget.
+	opt.DialerRetries = 2
+	opt.DialerRetryTimeout = max(budget/5, time.Millisecond)
 	opt.DisableIdentity = true // no CLIENT SETINFO round trip on every new connection
+	// No CLIENT MAINT_NOTIFICATIONS round trip either, and no server-sent
+	// "relaxed timeouts" (10 s) or endpoint moves overriding the budget
+	// and the configured address.
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	dial := opt.Dialer
+	if dial == nil {
+		dial = redis.NewDialer(opt)
+	}
+	opt.Dialer = guardDialer(dial)
 	return redis.NewClient(opt)
 }
+
+// minBytesPerSecond is the throughput a large value is assumed to move at,
+// at worst, between tether and Redis (network, Redis's copy, Lua): 8 MiB/s,
+// far below any network a sidecar and its Redis share. A 64 KiB initialize
+// body adds 8 ms to the budget; a 4 MiB one half a second.
+const minBytesPerSecond = 8 << 20
+
+func bytesTime(n int) time.Duration {
+	return time.Duration(int64(n) * int64(time.Second) / minBytesPerSecond)
+}
+
+// budget is the time allowed for a call moving about n bytes of values.
+func (r *Redis) budget(n int) time.Duration { return r.timeout + bytesTime(n) }
+
+// slowReadBudget is for reading a record of unknown size that did not
+// arrive within the plain budget although Redis answers pings: enough for
+// the largest body the proxy accepted by default (4 MiB).
+func (r *Redis) slowReadBudget() time.Duration { return r.budget(4 << 20) }
 
 func (r *Redis) sessionKey(sid string) string { return r.prefix + "s:" + sid }
 func (r *Redis) backendPrefix() string        { return r.prefix + "b:" }
 func (r *Redis) channel() string              { return r.prefix + "invalidate" }
+func (r *Redis) markerKey() string            { return r.prefix + "epoch" }
 
 // expiry is when a session last used at last, created at created, expires.
 func (r *Redis) expiry(created, last time.Time) time.Time {
@@ -129,23 +185,38 @@ func (r *Redis) expiry(created, last time.Time) time.Time {
 	return exp
 }
 
-// call bounds one store operation by the budget and maps transport
-// failures to ErrUnavailable.
-func (r *Redis) call(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.timeout)
+// call bounds one store operation by d.
+func (r *Redis) call(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
 }
 
+// unavailable maps transport failures (and errors Redis itself answered)
+// to ErrUnavailable.
 func unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrBadReply) {
 		return err
+	}
+	if errors.Is(err, redis.Nil) {
+		// Real Redis never answers tether's commands with nil where tether
+		// expects a value.
+		return fmt.Errorf("%w: nil reply", ErrBadReply)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err) // the cause too: Cache tells a cancelled caller from an outage
 }
 
+func badReply(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadReply}, args...)...)
+}
+
 // Get reads a record in one round trip.
-func (r *Redis) Get(ctx context.Context, clientSID string) (_ *Record, err error) {
+func (r *Redis) Get(ctx context.Context, clientSID string) (*Record, error) {
+	return r.get(ctx, clientSID, r.timeout)
+}
+
+// get is Get within budget d (larger for a record known to be large).
+func (r *Redis) get(ctx context.Context, clientSID string, d time.Duration) (_ *Record, err error) {
 	defer r.observe("get", time.Now(), &err)
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, d)
 	defer cancel()
 	fields, err := r.client.HGetAll(ctx, r.sessionKey(clientSID)).Result()
 	if err != nil {
@@ -159,17 +230,34 @@ func (r *Redis) Reload(ctx context.Context, clientSID string) (*Record, error) {
 	return r.Get(ctx, clientSID)
 }
 
+// maxMillis bounds the timestamps accepted from Redis: Lua numbers are
+// exact only to 2^53.
+const maxMillis = 1 << 53
+
+// decode builds a record from its hash, checking every field it uses.
 func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 	if len(f) == 0 {
 		return nil, ErrNotFound
 	}
-	num := func(k string) int64 { n, _ := strconv.ParseInt(f[k], 10, 64); return n }
-	if e := num("e"); e != 0 && r.now().UnixMilli() >= e {
+	var bad string
+	num := func(k string, limit int64) int64 {
+		n, err := strconv.ParseInt(f[k], 10, 64)
+		if (err != nil || n < 0 || n > limit) && bad == "" {
+			bad = k
+		}
+		return n
+	}
+	v := num("v", maxMillis)
+	c, l, e := num("c", maxMillis), num("l", maxMillis), num("e", maxMillis)
+	reinits := num("r", math.MaxUint32)
+	if bad != "" {
+		return nil, badReply("record field %s = %.40q", bad, f[bad])
+	}
+	if r.now().UnixMilli() >= e {
 		return nil, ErrNotFound
 	}
-	v := num("v")
-	if v <= 0 || f["b"] == "" {
-		return nil, fmt.Errorf("session %q: malformed record in Redis", sid)
+	if v == 0 || f["b"] == "" {
+		return nil, badReply("record without version or backend")
 	}
 	return &Record{
 		ClientSID:       sid,
@@ -178,28 +266,35 @@ func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 		BackendSID:      f["bs"],
 		Init:            []byte(f["i"]),
 		ProtocolVersion: f["pv"],
-		Created:         time.UnixMilli(num("c")).UTC(),
-		LastUsed:        time.UnixMilli(num("l")).UTC(),
-		Reinits:         uint32(num("r")),
+		Principal:       f["p"],
+		Created:         time.UnixMilli(c).UTC(),
+		LastUsed:        time.UnixMilli(l).UTC(),
+		Reinits:         uint32(reinits),
 		Version:         uint64(v),
 	}, nil
 }
 
-// createScript replaces any record with the same id (removing it from its
-// old backend's set) and writes version 1.
-// KEYS[1] session key. ARGV: backend prefix, sid, ttl ms, then the fields.
+// createScript writes version 1 unless a live record holds the id (then it
+// writes nothing and returns 0); an expired record is replaced (and removed
+// from its old backend's set).
+// KEYS[1] session key. ARGV: 1 backend prefix, 2 sid, 3 ttl ms, 4 backend,
+// 5 url, 6 backend sid, 7 init, 8 protocol version, 9 created ms, 10 last
+// used ms, 11 expiry ms, 12 reinits, 13 version, 14 now ms, 15 principal.
 var createScript = redis.NewScript(`
-local old = redis.call('HGET', KEYS[1], 'b')
-if old then redis.call('ZREM', ARGV[1] .. old, ARGV[2]) end
+local f = redis.call('HMGET', KEYS[1], 'b', 'e')
+local e = tonumber(f[2])
+if f[1] and e and e > tonumber(ARGV[14]) then return 0 end
+if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
-  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12])
+  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
 `)
 
-// Create writes r as version 1, replacing any record with its id.
+// Create writes r as version 1; if a live record holds its id it writes
+// nothing and returns ErrExists.
 func (r *Redis) Create(ctx context.Context, rec *Record) error {
 	if rec.ClientSID == "" {
 		return errors.New("session: empty ClientSID")
@@ -209,52 +304,170 @@ func (r *Redis) Create(ctx context.Context, rec *Record) error {
 	if created.IsZero() {
 		created = now
 	}
-	return r.write(ctx, "create", createScript, rec, created, now, 1)
+	n, err := r.write(ctx, "create", createScript, rec, created, now, 1)
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return ErrExists
+	case n == 1:
+		return nil
+	}
+	return badReply("create script returned %d", n)
 }
 
-func (r *Redis) write(ctx context.Context, op string, script *redis.Script, rec *Record, created, last time.Time, version uint64) (err error) {
+func (r *Redis) write(ctx context.Context, op string, script *redis.Script, rec *Record, created, last time.Time, version uint64) (_ int64, err error) {
 	defer r.observe(op, time.Now(), &err)
+	now := r.now()
 	exp := r.expiry(created, last)
-	ttl := exp.Sub(r.now())
+	ttl := exp.Sub(now)
 	if ttl <= 0 {
 		ttl = time.Millisecond
 	}
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, r.budget(len(rec.Init)))
 	defer cancel()
-	err = script.Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)},
-		r.backendPrefix(), rec.ClientSID, ttl.Milliseconds(),
-		rec.BackendID, rec.BackendURL, rec.BackendSID, rec.Init, rec.ProtocolVersion,
-		created.UnixMilli(), last.UnixMilli(), exp.UnixMilli(), rec.Reinits, version).Err()
-	return unavailable(err)
+	cmd := script.Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)}, r.writeArgs(rec, created, last, exp, ttl, version, now)...)
+	if err := cmd.Err(); err != nil {
+		return 0, unavailable(err)
+	}
+	n, err := cmd.Int64()
+	if err != nil {
+		return 0, badReply("%s script: %v", op, err)
+	}
+	return n, nil
 }
 
-// restoreScript writes a record kept locally while Redis was unreachable,
-// unless Redis already has that session (another replica's view then wins,
-// and only the expiry is refreshed).
-// Same KEYS and ARGV as createScript, ARGV[13] being the version.
+// writeArgs are createScript's and restoreScript's ARGV.
+func (r *Redis) writeArgs(rec *Record, created, last, exp time.Time, ttl time.Duration, version uint64, now time.Time) []any {
+	return []any{r.backendPrefix(), rec.ClientSID, ttl.Milliseconds(),
+		rec.BackendID, rec.BackendURL, rec.BackendSID, rec.Init, rec.ProtocolVersion,
+		created.UnixMilli(), last.UnixMilli(), exp.UnixMilli(), rec.Reinits, version,
+		now.UnixMilli(), rec.Principal}
+}
+
+// restoreScript writes a record kept locally while Redis was unreachable
+// (or lost), unless Redis already has a live record with that id: if it is
+// the same session (same creation time, initialize body and principal:
+// what no re-initialization changes), only its expiry is moved to the
+// later of the two and 0 is returned; if it is another session (another
+// backend minted the same id meanwhile), nothing is written and 2 is
+// returned. It returns 1 when it wrote the record.
+// Same KEYS and ARGV as createScript.
 var restoreScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local b = redis.call('HGET', KEYS[1], 'b')
-  redis.call('HSET', KEYS[1], 'l', ARGV[10], 'e', ARGV[11])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('ZADD', ARGV[1] .. b, ARGV[11], ARGV[2])
+local f = redis.call('HMGET', KEYS[1], 'b', 'e', 'c', 'i', 'p')
+local e = tonumber(f[2])
+if f[1] and e and e > tonumber(ARGV[14]) then
+  if (f[3] or '') ~= ARGV[9] or (f[4] or '') ~= ARGV[7] or (f[5] or '') ~= ARGV[15] then return 2 end
+  if tonumber(ARGV[11]) > e then
+    redis.call('HSET', KEYS[1], 'l', ARGV[10], 'e', ARGV[11])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('ZADD', ARGV[1] .. f[1], ARGV[11], ARGV[2])
+  end
   return 0
 end
+if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
-  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12])
+  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
 `)
 
-// Restore writes a record that was kept locally during an outage (see
-// Cache); an existing record in Redis is kept and only refreshed.
+// Restore writes a record that was kept locally during an outage, or that
+// Redis lost (see Cache). The same session already in Redis is kept and
+// only its expiry refreshed; another live session holding the id is kept
+// and ErrExists returned.
 func (r *Redis) Restore(ctx context.Context, rec *Record) error {
 	version := max(rec.Version, 1)
-	return r.write(ctx, "restore", restoreScript, rec, rec.Created, rec.LastUsed, version)
+	n, err := r.write(ctx, "restore", restoreScript, rec, rec.Created, rec.LastUsed, version)
+	return restoreResult(n, err)
 }
 
-// swapScript is the compare-and-swap of a re-initialization.
+func restoreResult(n int64, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 0 || n == 1:
+		return nil
+	case n == 2:
+		return ErrExists
+	}
+	return badReply("restore script returned %d", n)
+}
+
+// RestoreAll restores recs (as Restore) in pipelined batches of
+// restoreBatch records, each batch within the budget for its bytes. It
+// returns each record's result; it stops at the first batch that fails as
+// a whole (Redis unreachable), leaving the rest with that error.
+func (r *Redis) RestoreAll(ctx context.Context, recs []*Record) []error {
+	out := make([]error, len(recs))
+	for start := 0; start < len(recs); start += restoreBatch {
+		batch := recs[start:min(start+restoreBatch, len(recs))]
+		if err := r.restoreBatch(ctx, batch, out[start:]); err != nil {
+			for i := start; i < len(recs); i++ {
+				if out[i] == nil {
+					out[i] = err
+				}
+			}
+			break
+		}
+	}
+	return out
+}
+
+// restoreBatch is how many records one pipelined write-back carries: large
+// enough to amortize the round trip, small enough that one batch of
+// ordinary records fits the plain budget.
+const restoreBatch = 128
+
+func (r *Redis) restoreBatch(ctx context.Context, batch []*Record, out []error) (err error) {
+	defer r.observe("restore_batch", time.Now(), &err)
+	size := 0
+	for _, rec := range batch {
+		size += len(rec.Init)
+	}
+	ctx, cancel := r.call(ctx, r.budget(size))
+	defer cancel()
+	now := r.now()
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, rec := range batch {
+		exp := r.expiry(rec.Created, rec.LastUsed)
+		ttl := max(exp.Sub(now), time.Millisecond)
+		// EVAL, not EVALSHA: a Redis that just restarted has no scripts, and
+		// a pipeline cannot fall back per command.
+		cmds[i] = restoreScript.Eval(ctx, pipe, []string{r.sessionKey(rec.ClientSID)},
+			r.writeArgs(rec, rec.Created, rec.LastUsed, exp, ttl, max(rec.Version, 1), now)...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !isReplyError(err) {
+		return unavailable(err)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			out[i] = unavailable(err)
+			continue
+		}
+		n, err := cmd.Int64()
+		if err != nil {
+			out[i] = badReply("restore script: %v", err)
+			continue
+		}
+		out[i] = restoreResult(n, nil)
+	}
+	return nil
+}
+
+// isReplyError reports an error Redis answered (as opposed to a transport
+// failure): in a pipeline, one command's error is also Exec's.
+func isReplyError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+}
+
+// swapScript is the compare-and-swap of a re-initialization. It leaves the
+// session's initialize body, protocol version, principal and creation time
+// as they are.
 // KEYS[1] session key. ARGV: expected version, backend prefix, sid, ttl ms,
 // now ms (logical expiry check), new backend, url, backend sid, last ms,
 // exp ms, reinits, channel.
@@ -273,7 +486,7 @@ local oldb = redis.call('HGET', KEYS[1], 'b')
 local v = tonumber(cur) + 1
 redis.call('HSET', KEYS[1], 'v', v, 'b', ARGV[6], 'u', ARGV[7], 'bs', ARGV[8], 'l', ARGV[9], 'e', ARGV[10], 'r', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('ZREM', ARGV[2] .. oldb, ARGV[3])
+if oldb then redis.call('ZREM', ARGV[2] .. oldb, ARGV[3]) end
 redis.call('ZADD', ARGV[2] .. ARGV[6], ARGV[10], ARGV[3])
 redis.call('PUBLISH', ARGV[12], ARGV[3])
 return {2, v}
@@ -281,6 +494,8 @@ return {2, v}
 
 // Swap is the compare-and-swap on Version that lets replicas agree on one
 // re-initialization: the loser gets the winner's record and ErrConflict.
+// The stored record keeps old's Init, ProtocolVersion, Principal and
+// Created.
 func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err error) {
 	defer r.observe("swap", time.Now(), &err)
 	if next.ClientSID != old.ClientSID {
@@ -300,40 +515,78 @@ func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err err
 	if ttl <= 0 {
 		return nil, ErrNotFound
 	}
-	ctx, cancel := r.call(ctx)
+	// A conflict returns the current record, body included.
+	ctx, cancel := r.call(ctx, r.budget(len(old.Init)))
 	defer cancel()
-	res, err := swapScript.Run(ctx, r.client, []string{r.sessionKey(old.ClientSID)},
+	cmd := swapScript.Run(ctx, r.client, []string{r.sessionKey(old.ClientSID)},
 		old.Version, r.backendPrefix(), old.ClientSID, ttl.Milliseconds(), now.UnixMilli(),
 		next.BackendID, next.BackendURL, next.BackendSID, last.UnixMilli(), exp.UnixMilli(), next.Reinits,
-		r.channel()).Slice()
-	if err != nil {
+		r.channel())
+	if err := cmd.Err(); err != nil {
 		return nil, unavailable(err)
 	}
-	switch res[0].(int64) {
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, badReply("swap script: %v", err)
+	}
+	if len(res) == 0 {
+		return nil, badReply("swap script returned an empty array")
+	}
+	code, ok := res[0].(int64)
+	if !ok {
+		return nil, badReply("swap script returned %T first", res[0])
+	}
+	switch code {
 	case 0:
 		return nil, ErrNotFound
 	case 1:
-		cur, err := r.decode(old.ClientSID, pairs(res[1:]))
+		fields, err := pairs(res[1:])
+		if err != nil {
+			return nil, err
+		}
+		cur, err := r.decode(old.ClientSID, fields)
+		if errors.Is(err, ErrNotFound) {
+			// The script saw it live a moment ago: an empty or expired
+			// record here is not what the script returns.
+			return nil, badReply("swap conflict without a live record")
+		}
 		if err != nil {
 			return nil, err
 		}
 		return cur, ErrConflict
+	case 2:
+		if len(res) != 2 {
+			return nil, badReply("swap script returned %d elements for a swap", len(res))
+		}
+		v, ok := res[1].(int64)
+		if !ok || v < 0 || uint64(v) != old.Version+1 {
+			return nil, badReply("swap script returned version %v after %d", res[1], old.Version)
+		}
+		stored := next.Clone()
+		stored.Init, stored.ProtocolVersion, stored.Created, stored.Principal = old.Init, old.ProtocolVersion, old.Created, old.Principal
+		stored.LastUsed = last.UTC()
+		stored.Version = uint64(v)
+		return stored, nil
 	}
-	stored := next.Clone()
-	stored.Init, stored.ProtocolVersion, stored.Created = old.Init, old.ProtocolVersion, old.Created
-	stored.LastUsed = last.UTC()
-	stored.Version = uint64(res[1].(int64))
-	return stored, nil
+	return nil, badReply("swap script returned code %d", code)
 }
 
-func pairs(flat []any) map[string]string {
+// pairs turns a flat field/value array (as HGETALL inside a script returns
+// it) into a map, refusing anything but an even number of strings.
+func pairs(flat []any) (map[string]string, error) {
+	if len(flat)%2 != 0 {
+		return nil, badReply("%d elements where field/value pairs were expected", len(flat))
+	}
 	m := make(map[string]string, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		k, _ := flat[i].(string)
-		v, _ := flat[i+1].(string)
+	for i := 0; i < len(flat); i += 2 {
+		k, ok1 := flat[i].(string)
+		v, ok2 := flat[i+1].(string)
+		if !ok1 || !ok2 {
+			return nil, badReply("field/value pair of %T, %T", flat[i], flat[i+1])
+		}
 		m[k] = v
 	}
-	return m
+	return m, nil
 }
 
 // touchScript refreshes the sliding expiry, never reviving an expired
@@ -343,10 +596,11 @@ var touchScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'b', 'c', 'e')
 if not f[1] then return 0 end
 local now = tonumber(ARGV[3])
-if tonumber(f[3]) <= now then return 0 end
+local e, c = tonumber(f[3]), tonumber(f[2])
+if not e or not c or e <= now then return 0 end
 local exp = now + tonumber(ARGV[4])
 local maxage = tonumber(ARGV[5])
-if maxage > 0 and tonumber(f[2]) + maxage < exp then exp = tonumber(f[2]) + maxage end
+if maxage > 0 and c + maxage < exp then exp = c + maxage end
 redis.call('HSET', KEYS[1], 'l', ARGV[3], 'e', exp)
 redis.call('PEXPIRE', KEYS[1], math.max(1, exp - now))
 redis.call('ZADD', ARGV[1] .. f[1], exp, ARGV[2])
@@ -357,17 +611,23 @@ return 1
 // caller's (see Cache): Redis is written at most once per TTL/10.
 func (r *Redis) Touch(ctx context.Context, clientSID string, now time.Time) (err error) {
 	defer r.observe("touch", time.Now(), &err)
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
-	n, err := touchScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
-		r.backendPrefix(), clientSID, now.UnixMilli(), r.ttl.Milliseconds(), r.maxAge.Milliseconds()).Int64()
-	if err != nil {
+	cmd := touchScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
+		r.backendPrefix(), clientSID, now.UnixMilli(), r.ttl.Milliseconds(), r.maxAge.Milliseconds())
+	if err := cmd.Err(); err != nil {
 		return unavailable(err)
 	}
-	if n == 0 {
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return badReply("touch script: %v", err)
+	case n == 0:
 		return ErrNotFound
+	case n == 1:
+		return nil
 	}
-	return nil
+	return badReply("touch script returned %d", n)
 }
 
 // deleteScript returns the removed record's fields ({} when absent).
@@ -377,29 +637,42 @@ local all = redis.call('HGETALL', KEYS[1])
 if #all == 0 then return all end
 local b = redis.call('HGET', KEYS[1], 'b')
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', ARGV[1] .. b, ARGV[2])
+if b then redis.call('ZREM', ARGV[1] .. b, ARGV[2]) end
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 return all
 `)
 
 // Delete removes a record and returns it.
-func (r *Redis) Delete(ctx context.Context, clientSID string) (_ *Record, err error) {
+func (r *Redis) Delete(ctx context.Context, clientSID string) (*Record, error) {
+	return r.del(ctx, clientSID, r.timeout)
+}
+
+// del is Delete within budget d (the record is returned, body included).
+func (r *Redis) del(ctx context.Context, clientSID string, d time.Duration) (_ *Record, err error) {
 	defer r.observe("delete", time.Now(), &err)
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, d)
 	defer cancel()
-	res, err := deleteScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
-		r.backendPrefix(), clientSID, r.channel()).Slice()
-	if err != nil {
+	cmd := deleteScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
+		r.backendPrefix(), clientSID, r.channel())
+	if err := cmd.Err(); err != nil {
 		return nil, unavailable(err)
 	}
-	return r.decode(clientSID, pairs(res))
+	res, err := cmd.Slice()
+	if err != nil {
+		return nil, badReply("delete script: %v", err)
+	}
+	fields, err := pairs(res)
+	if err != nil {
+		return nil, err
+	}
+	return r.decode(clientSID, fields)
 }
 
 // BackendSessions counts the live sessions of each backend across the
 // fleet, dropping expired members as it goes, in one round trip.
 func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map[string]int64, err error) {
 	defer r.observe("backend_sessions", time.Now(), &err)
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
 	now := strconv.FormatInt(r.now().UnixMilli(), 10)
 	pipe := r.client.Pipeline()
@@ -414,7 +687,11 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 	}
 	out := make(map[string]int64, len(backendIDs))
 	for i, id := range backendIDs {
-		out[id] = counts[i].Val()
+		n := counts[i].Val()
+		if n < 0 {
+			return nil, badReply("ZCARD answered %d", n)
+		}
+		out[id] = n
 	}
 	return out, nil
 }
@@ -422,41 +699,168 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 // Ping checks that Redis answers within the budget.
 func (r *Redis) Ping(ctx context.Context) (err error) {
 	defer r.observe("ping", time.Now(), &err)
-	ctx, cancel := r.call(ctx)
+	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
 	return unavailable(r.client.Ping(ctx).Err())
 }
 
+// probe asks whether Redis is down: a PING allowed four budgets (what a
+// connection is allowed to take to dial, see NewRedisClient). Redis down
+// (refused, reset) answers at once; frozen, unreachable or overloaded, it
+// takes the whole time; a single slow reply does not delay a PING sent
+// after it that much.
+func (r *Redis) probe(ctx context.Context) (err error) {
+	defer r.observe("probe", time.Now(), &err)
+	ctx, cancel := r.call(ctx, 4*r.timeout)
+	defer cancel()
+	return unavailable(r.client.Ping(ctx).Err())
+}
+
+// Marker reads the epoch marker: when this Redis's data began (Unix ms of
+// the store's clock), or ok false if it is missing (Redis lost its data, or
+// never had tether's). It also serves as the cache's health probe.
+func (r *Redis) Marker(ctx context.Context) (ms int64, ok bool, err error) {
+	defer r.observe("marker", time.Now(), &err)
+	ctx, cancel := r.call(ctx, r.timeout)
+	defer cancel()
+	s, err := r.client.Get(ctx, r.markerKey()).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, unavailable(err)
+	}
+	ms, err = strconv.ParseInt(s, 10, 64)
+	if err != nil || ms < 0 || ms > maxMillis {
+		return 0, false, badReply("epoch marker %.40q", s)
+	}
+	return ms, true, nil
+}
+
+// markerScript sets the epoch marker unless it exists; it returns
+// {1, value} when it set it, {0, value} otherwise. KEYS[1] marker key;
+// ARGV[1] now ms.
+var markerScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return {0, v} end
+redis.call('SET', KEYS[1], ARGV[1])
+return {1, ARGV[1]}
+`)
+
+// EnsureMarker sets the epoch marker to now unless it exists, and returns
+// its value and whether this call set it.
+func (r *Redis) EnsureMarker(ctx context.Context) (ms int64, created bool, err error) {
+	defer r.observe("marker", time.Now(), &err)
+	ctx, cancel := r.call(ctx, r.timeout)
+	defer cancel()
+	cmd := markerScript.Run(ctx, r.client, []string{r.markerKey()}, r.now().UnixMilli())
+	if err := cmd.Err(); err != nil {
+		return 0, false, unavailable(err)
+	}
+	res, err := cmd.Slice()
+	if err != nil || len(res) != 2 {
+		return 0, false, badReply("marker script: %v (%d elements)", err, len(res))
+	}
+	set, ok1 := res[0].(int64)
+	s, ok2 := res[1].(string)
+	ms, perr := strconv.ParseInt(s, 10, 64)
+	if !ok1 || !ok2 || perr != nil || ms < 0 || ms > maxMillis || (set != 0 && set != 1) {
+		return 0, false, badReply("marker script returned %v, %.40q", res[0], s)
+	}
+	return ms, set == 1, nil
+}
+
+// Control messages on the invalidation channel start with a space, which
+// no session id contains (MCP session ids are visible ASCII).
+const (
+	// ctlRecovering: Redis lost its data; every replica writes back the
+	// records it caches. Followed by the epoch marker's new value.
+	ctlRecovering = " recovering "
+	// ctlRestored: a replica finished writing back; waiting misses re-read.
+	ctlRestored = " restored"
+)
+
+// Announce publishes a control message to every replica.
+func (r *Redis) Announce(ctx context.Context, msg string) (err error) {
+	defer r.observe("announce", time.Now(), &err)
+	ctx, cancel := r.call(ctx, r.timeout)
+	defer cancel()
+	return unavailable(r.client.Publish(ctx, r.channel(), msg).Err())
+}
+
 // Invalidations calls fn with the id of every record another replica
-// changed (re-initialized or deleted), until ctx ends. go-redis resubscribes
-// after a disconnect; messages sent meanwhile are lost, so resubscribed is
-// called after every subscription but the first, for the caller to distrust
-// what it cached.
-func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func()) {
+// changed (re-initialized or deleted), and control with every control
+// message (see Announce), until ctx ends. go-redis resubscribes after a
+// disconnect; messages sent meanwhile are lost, so resubscribed is called
+// after every subscription but the first, for the caller to distrust what
+// it cached.
+//
+// Messages are received here rather than through go-redis's Channel: its
+// receiving goroutine turns a malformed pub/sub message into a panic that
+// nothing can recover (unchecked type assertions on the reply), while here
+// it is one skipped message.
+func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
 	ps := r.client.Subscribe(ctx, r.channel())
 	defer ps.Close()
-	ch := ps.ChannelWithSubscriptions()
-	subscriptions := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case msg, ok := <-ch:
-			if !ok {
+	stop := context.AfterFunc(ctx, func() { ps.Close() }) // unblocks Receive
+	defer stop()
+	subscriptions, failures := 0, 0
+	for ctx.Err() == nil {
+		msg, err := receive(ctx, ps)
+		if err != nil {
+			var ne net.Error
+			switch {
+			case ctx.Err() != nil || errors.Is(err, redis.ErrClosed):
 				return
-			}
-			switch m := msg.(type) {
-			case *redis.Message:
-				fn(m.Payload)
-			case *redis.Subscription:
-				if m.Kind == "subscribe" {
-					if subscriptions++; subscriptions > 1 {
-						resubscribed()
+			case errors.As(err, &ne) && ne.Timeout():
+				// A quiet channel: check the connection (the pong, or the
+				// failure and the reconnection, shows on the next Receive).
+				ps.Ping(ctx)
+			case errors.Is(err, ErrBadReply):
+			default:
+				if failures++; failures > 1 { // Redis is down: do not spin
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
 					}
+				}
+			}
+			continue
+		}
+		failures = 0
+		switch m := msg.(type) {
+		case *redis.Message:
+			if strings.HasPrefix(m.Payload, " ") {
+				if control != nil {
+					control(m.Payload)
+				}
+				continue
+			}
+			fn(m.Payload)
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				if subscriptions++; subscriptions > 1 {
+					resubscribed()
 				}
 			}
 		}
 	}
+}
+
+// pubsubIdle is how long a quiet subscription waits before checking its
+// connection with a PING (go-redis's Channel does the same every 30 s).
+const pubsubIdle = 30 * time.Second
+
+// receive is one Receive, with go-redis's panics on malformed messages
+// (see Invalidations) turned into ErrBadReply. The message was read whole
+// before go-redis looked into it, so the connection stays usable.
+func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg, err = nil, badReply("pub/sub message: %v", p)
+		}
+	}()
+	return ps.ReceiveTimeout(ctx, pubsubIdle)
 }
 
 // Close closes the client.

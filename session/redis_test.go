@@ -144,7 +144,7 @@ func TestRedisInvalidations(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	got := make(chan string, 4)
-	go s.Invalidations(ctx, func(sid string) { got <- sid }, func() {})
+	go s.Invalidations(ctx, func(sid string) { got <- sid }, func() {}, nil)
 	// Subscribing is asynchronous: publish until the subscriber hears it.
 	if err := s.Create(ctx, rec("x")); err != nil {
 		t.Fatal(err)

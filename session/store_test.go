@@ -15,8 +15,8 @@ import (
 // This file is the contract every Store keeps, written against the
 // interface so that other stores (Redis) can run it too: call testStore
 // with a constructor. The constructor's store must take Created and
-// LastUsed from now, and must not expire anything within a minute of
-// fake time.
+// LastUsed from now, must not expire anything within a minute of fake
+// time, and must have expired a record idle for two hours.
 
 type newStoreFunc func(t *testing.T, now func() time.Time) session.Store
 
@@ -43,6 +43,7 @@ func rec(id string) *session.Record {
 		BackendSID:      id,
 		Init:            []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`),
 		ProtocolVersion: "2025-11-25",
+		Principal:       "v1:3q2-7w0nT2m6Yw8pZC1dXg", // a keyed digest, as the proxy computes it
 	}
 }
 
@@ -61,10 +62,12 @@ func testStore(t *testing.T, newStore newStoreFunc) {
 	t.Run("GetAbsent", func(t *testing.T) { testGetAbsent(t, newStore) })
 	t.Run("CreateGet", func(t *testing.T) { testCreateGet(t, newStore) })
 	t.Run("CreateCopies", func(t *testing.T) { testCreateCopies(t, newStore) })
-	t.Run("CreateReplaces", func(t *testing.T) { testCreateReplaces(t, newStore) })
+	t.Run("CreateExists", func(t *testing.T) { testCreateExists(t, newStore) })
+	t.Run("CreateReplacesExpired", func(t *testing.T) { testCreateReplacesExpired(t, newStore) })
 	t.Run("CreateEmptyID", func(t *testing.T) { testCreateEmptyID(t, newStore) })
 	t.Run("Swap", func(t *testing.T) { testSwap(t, newStore) })
 	t.Run("SwapVersions", func(t *testing.T) { testSwapVersions(t, newStore) })
+	t.Run("SwapKeepsPrincipal", func(t *testing.T) { testSwapKeepsPrincipal(t, newStore) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, newStore) })
 	t.Run("TouchAbsent", func(t *testing.T) { testTouchAbsent(t, newStore) })
 }
@@ -134,35 +137,63 @@ func testCreateCopies(t *testing.T, newStore newStoreFunc) {
 	}
 }
 
-func testCreateReplaces(t *testing.T, newStore newStoreFunc) {
+// Regression (issue 10, item 6): two backends minting the same session id
+// swapped the two clients' sessions, the second Create overwriting the
+// first record. A live record now keeps its id: the second Create stores
+// nothing and says so.
+func testCreateExists(t *testing.T, newStore newStoreFunc) {
 	clock := newFakeClock()
 	s := newStore(t, clock.Now)
 	ctx := t.Context()
-	first := rec("a")
-	if err := s.Create(ctx, first); err != nil {
+	if err := s.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	old, err := s.Get(ctx, "a")
+	v1, err := s.Get(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Swap(ctx, old, old.Clone()); err != nil { // Version 2
+	v2, err := s.Swap(ctx, v1, v1.Clone())
+	if err != nil {
 		t.Fatal(err)
 	}
 
 	clock.Advance(time.Second)
 	second := rec("a")
 	second.BackendID = "10.0.2.3:8080/pod-uid-2"
-	if err := s.Create(ctx, second); err != nil {
-		t.Fatal(err)
+	second.Principal = "v1:another-principal"
+	if err := s.Create(ctx, second); !errors.Is(err, session.ErrExists) {
+		t.Fatalf("Create over a live record = %v, want ErrExists", err)
 	}
 	got, err := s.Get(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A new session: numbering and clocks start again.
-	if diff := cmp.Diff(got, stored(second, epoch.Add(time.Second))); diff != "" {
-		t.Errorf("Get after replacing Create (-got +want):\n%s", diff)
+	if diff := cmp.Diff(got, v2); diff != "" {
+		t.Errorf("the live record changed (-got +want):\n%s", diff)
+	}
+}
+
+// An expired record does not hold its id: Create replaces it, and the new
+// session's numbering and clocks start again.
+func testCreateReplacesExpired(t *testing.T, newStore newStoreFunc) {
+	clock := newFakeClock()
+	s := newStore(t, clock.Now)
+	ctx := t.Context()
+	if err := s.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour)
+	second := rec("a")
+	second.BackendID = "10.0.2.3:8080/pod-uid-2"
+	if err := s.Create(ctx, second); err != nil {
+		t.Fatalf("Create over an expired record: %v", err)
+	}
+	got, err := s.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(got, stored(second, epoch.Add(2*time.Hour))); diff != "" {
+		t.Errorf("Get after replacing an expired record (-got +want):\n%s", diff)
 	}
 }
 
@@ -348,6 +379,33 @@ func testSwapVersions(t *testing.T, newStore newStoreFunc) {
 		if !errors.Is(err, session.ErrConflict) || lost == nil || lost.Version != want {
 			t.Fatalf("stale Swap = %v, %v; want v%d, ErrConflict", lost, err, want)
 		}
+	}
+}
+
+// A re-initialization moves a session, never its owner: the stored record
+// keeps the principal it was created with, whatever next says.
+func testSwapKeepsPrincipal(t *testing.T, newStore newStoreFunc) {
+	s := newStore(t, newFakeClock().Now)
+	ctx := t.Context()
+	if err := s.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	v1, err := s.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := v1.Clone()
+	next.BackendID = "10.0.2.3:8080/pod-uid-2"
+	next.Principal = "v1:someone-else"
+	got, err := s.Swap(ctx, v1, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Principal != rec("a").Principal {
+		t.Errorf("Swap returned principal %q, want the creator's %q", got.Principal, rec("a").Principal)
+	}
+	if cur, err := s.Get(ctx, "a"); err != nil || cur.Principal != rec("a").Principal || cur.BackendID != next.BackendID {
+		t.Errorf("Get after Swap = %+v, %v; want the new backend and the creator's principal", cur, err)
 	}
 }
 

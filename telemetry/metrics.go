@@ -36,6 +36,19 @@ type StoreStat struct {
 	CacheHits, CacheMisses int64
 	Pending                int   // records kept locally, waiting for Redis
 	Unwritten              int64 // records that could not be kept
+	// Sessions are the records held in this process (memory store, or the
+	// cache's entries); InitBytes their distinct initialize bodies' bytes.
+	Sessions  int
+	InitBytes int64
+	// Evictions to respect --max-sessions and --max-session-init-bytes.
+	EvictedMaxSessions, EvictedMaxInitBytes int64
+	// SlowReplies: Redis calls that failed while Redis answered the health
+	// probe (not outages). Recoveries: times Redis was found to have lost
+	// its data; WrittenBack: records written back then. Collisions:
+	// records kept locally whose id another session took in Redis.
+	// UnflushedAtClose: records kept during an outage that Close could not
+	// write.
+	SlowReplies, Recoveries, WrittenBack, Collisions, UnflushedAtClose int64
 }
 
 // MetricsOptions wires the scrape-time views.
@@ -215,6 +228,14 @@ var (
 	cacheMissesDesc = prometheus.NewDesc("tether_session_cache_misses_total", "Session lookups that read the shared store.", nil, nil)
 	pendingDesc     = prometheus.NewDesc("tether_store_pending_records", "Session records kept locally during an outage, waiting to be written.", nil, nil)
 	unwrittenDesc   = prometheus.NewDesc("tether_store_unwritten_records_total", "Session records that could not be kept for writing (the pending bound was reached).", nil, nil)
+	recordsDesc     = prometheus.NewDesc("tether_session_records", "Session records held in this process (memory store, or the Redis cache's entries).", nil, nil)
+	initBytesDesc   = prometheus.NewDesc("tether_session_init_bytes", "Bytes of the distinct initialize bodies held in this process.", nil, nil)
+	evictionsDesc   = prometheus.NewDesc("tether_session_evictions_total", "Session records evicted (least recently used) to respect a bound: reason max_sessions or max_init_bytes.", []string{"reason"}, nil)
+	slowDesc        = prometheus.NewDesc("tether_store_slow_replies_total", "Redis calls that failed or timed out while Redis answered the health probe (not outages: no degraded mode).", nil, nil)
+	recoveriesDesc  = prometheus.NewDesc("tether_store_recoveries_total", "Times Redis was found to have lost its data (epoch marker missing or changed).", nil, nil)
+	writtenBackDesc = prometheus.NewDesc("tether_store_written_back_records_total", "Cached session records written back to Redis after it lost its data.", nil, nil)
+	collisionsDesc  = prometheus.NewDesc("tether_store_pending_collisions_total", "Session records kept locally during an outage whose id another session took in Redis meanwhile (dropped).", nil, nil)
+	unflushedDesc   = prometheus.NewDesc("tether_store_unflushed_at_close_total", "Session records kept during an outage that could not be written at shutdown (lost).", nil, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -222,6 +243,9 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- cacheMissesDesc
 	ch <- pendingDesc
 	ch <- unwrittenDesc
+	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc} {
+		ch <- d
+	}
 }
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -230,6 +254,15 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(cacheMissesDesc, prometheus.CounterValue, float64(s.CacheMisses))
 	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(s.Pending))
 	ch <- prometheus.MustNewConstMetric(unwrittenDesc, prometheus.CounterValue, float64(s.Unwritten))
+	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(s.Sessions))
+	ch <- prometheus.MustNewConstMetric(initBytesDesc, prometheus.GaugeValue, float64(s.InitBytes))
+	ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(s.EvictedMaxSessions), "max_sessions")
+	ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(s.EvictedMaxInitBytes), "max_init_bytes")
+	ch <- prometheus.MustNewConstMetric(slowDesc, prometheus.CounterValue, float64(s.SlowReplies))
+	ch <- prometheus.MustNewConstMetric(recoveriesDesc, prometheus.CounterValue, float64(s.Recoveries))
+	ch <- prometheus.MustNewConstMetric(writtenBackDesc, prometheus.CounterValue, float64(s.WrittenBack))
+	ch <- prometheus.MustNewConstMetric(collisionsDesc, prometheus.CounterValue, float64(s.Collisions))
+	ch <- prometheus.MustNewConstMetric(unflushedDesc, prometheus.CounterValue, float64(s.UnflushedAtClose))
 }
 
 // LimitRejected counts one request refused by the named limit.

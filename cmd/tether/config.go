@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/discovery"
 	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/session"
 	"github.com/tether-mcp/tether/telemetry"
 )
 
@@ -33,7 +35,14 @@ type config struct {
 	RedisTimeout  time.Duration
 	RedisCA       string
 	SessionMaxAge time.Duration
-	CacheSize     int
+	// MaxSessions bounds the session records held in this process (the
+	// memory store's, or the Redis cache's entries); MaxSessionInitBytes
+	// the bytes of the distinct initialize bodies they hold.
+	MaxSessions         int
+	MaxSessionInitBytes int64
+	// cacheSizeAlias is --session-cache-size, the deprecated name of
+	// --max-sessions (0: not given).
+	cacheSizeAlias int
 	// RedisPassword comes from TETHER_REDIS_PASSWORD only: a secret on the
 	// command line is visible to every process on the host.
 	RedisPassword string
@@ -76,7 +85,6 @@ func defaultConfig() config {
 		LogLevel:      "info",
 		RedisPrefix:   "tether:",
 		RedisTimeout:  50 * time.Millisecond,
-		CacheSize:     100000,
 		getenv:        func(string) string { return "" },
 
 		MaxInitBody:               proxy.DefaultMaxInitBody,
@@ -85,6 +93,10 @@ func defaultConfig() config {
 		BodyTimeout:               proxy.DefaultBodyTimeout,
 		MaxStreams:                proxy.DefaultMaxStreams,
 		HTTP2MaxConcurrentStreams: defaultHTTP2MaxConcurrentStreams,
+		// Why these bounds: see session.DefaultMaxSessions and
+		// session.DefaultMaxInitBytes.
+		MaxSessions:         session.DefaultMaxSessions,
+		MaxSessionInitBytes: session.DefaultMaxInitBytes,
 	}
 }
 
@@ -111,7 +123,19 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "PEM file of the CA that signed the Redis server's certificate (rediss://)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "idle TTL of a session record")
 	fs.DurationVar(&cfg.SessionMaxAge, "session-max-age", 0, "absolute cap on a session record's life (0: none)")
-	fs.IntVar(&cfg.CacheSize, "session-cache-size", cfg.CacheSize, "session records cached locally in front of Redis")
+	fs.IntVar(&cfg.MaxSessions, "max-sessions", cfg.MaxSessions, "session records held in this process (the memory store's sessions; with Redis, the local cache's entries): beyond it the least recently used are evicted")
+	fs.Int64Var(&cfg.MaxSessionInitBytes, "max-session-init-bytes", cfg.MaxSessionInitBytes, "bytes of initialize bodies held in this process, identical bodies counted once: beyond it the least recently used sessions are evicted")
+	fs.Func("session-cache-size", "deprecated: --max-sessions", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("parse error")
+		}
+		if n <= 0 {
+			return fmt.Errorf("must be positive, got %d", n)
+		}
+		cfg.cacheSizeAlias = n
+		return nil
+	})
 	fs.StringVar(&cfg.Balancer, "balancer", cfg.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
 	fs.Int64Var(&cfg.MaxBody, "max-body", cfg.MaxBody, "largest accepted POST body in bytes (larger: 413)")
 	fs.Int64Var(&cfg.MaxInitBody, "max-init-body", cfg.MaxInitBody, "largest accepted initialize body in bytes, stored with the session (larger: 413)")
@@ -150,6 +174,14 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 			fs.PrintDefaults()
 		}
 		return cfg, err
+	}
+	if cfg.cacheSizeAlias != 0 {
+		maxSet := false
+		fs.Visit(func(f *flag.Flag) { maxSet = maxSet || f.Name == "max-sessions" })
+		if maxSet && cfg.MaxSessions != cfg.cacheSizeAlias {
+			return cfg, fmt.Errorf("--session-cache-size %d (deprecated) contradicts --max-sessions %d: set --max-sessions only", cfg.cacheSizeAlias, cfg.MaxSessions)
+		}
+		cfg.MaxSessions = cfg.cacheSizeAlias
 	}
 	cfg.RedisPassword = getenv("TETHER_REDIS_PASSWORD")
 	cfg.PrincipalKey = getenv("TETHER_PRINCIPAL_KEY")
@@ -191,8 +223,10 @@ func (c config) validate() error {
 		return fmt.Errorf("--redis-timeout must be positive, got %s", c.RedisTimeout)
 	case c.SessionMaxAge < 0:
 		return fmt.Errorf("--session-max-age must not be negative, got %s", c.SessionMaxAge)
-	case c.CacheSize <= 0:
-		return fmt.Errorf("--session-cache-size must be positive, got %d", c.CacheSize)
+	case c.MaxSessions <= 0:
+		return fmt.Errorf("--max-sessions must be positive, got %d", c.MaxSessions)
+	case c.MaxSessionInitBytes <= 0:
+		return fmt.Errorf("--max-session-init-bytes must be positive, got %d", c.MaxSessionInitBytes)
 	case c.SessionTTL <= 0:
 		return fmt.Errorf("--session-ttl must be positive, got %s", c.SessionTTL)
 	case c.MaxBody <= 0:

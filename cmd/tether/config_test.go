@@ -47,7 +47,7 @@ func TestParseServeFlags(t *testing.T) {
 			"--session-max-age", "24h", "--session-cache-size", "500", "--redis-timeout", "20ms"},
 			env("TETHER_REDIS_PASSWORD", "s3cret"),
 			with(func(c *config) {
-				c.RedisURL, c.RedisPrefix, c.SessionMaxAge, c.CacheSize, c.RedisTimeout = "rediss://redis.example:6380/2", "t1:", 24*time.Hour, 500, 20*time.Millisecond
+				c.RedisURL, c.RedisPrefix, c.SessionMaxAge, c.MaxSessions, c.RedisTimeout = "rediss://redis.example:6380/2", "t1:", 24*time.Hour, 500, 20*time.Millisecond
 				c.RedisPassword = "s3cret"
 			}), ""},
 		{"limits", []string{"--backends", "http://127.0.0.1:9001", "--max-inflight-body-bytes", "8388608", "--body-timeout", "5s",
@@ -78,7 +78,16 @@ func TestParseServeFlags(t *testing.T) {
 		{"zero h2 streams", []string{"--backends", "http://127.0.0.1:9001", "--http2-max-concurrent-streams", "0"}, env(), config{}, "--http2-max-concurrent-streams"},
 		{"bad redis url", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "http://x"}, env(), config{}, "--redis-url"},
 		{"redis ca without redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-ca", "/ca.pem"}, env(), config{}, "--redis-ca needs --redis-url"},
-		{"zero cache", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "0"}, env(), config{}, "--session-cache-size"},
+		{"zero cache", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "0"}, env(), config{}, "session-cache-size"},
+		{"session bounds", []string{"--backends", "http://127.0.0.1:9001", "--max-sessions", "1000", "--max-session-init-bytes", "1048576"}, env(),
+			with(func(c *config) { c.MaxSessions, c.MaxSessionInitBytes = 1000, 1<<20 }), ""},
+		{"deprecated cache size in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_SESSION_CACHE_SIZE", "700"),
+			with(func(c *config) { c.MaxSessions = 700 }), ""},
+		{"cache size agreeing with max sessions", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "700", "--max-sessions", "700"}, env(),
+			with(func(c *config) { c.MaxSessions = 700 }), ""},
+		{"cache size contradicting max sessions", []string{"--backends", "http://127.0.0.1:9001", "--session-cache-size", "700", "--max-sessions", "800"}, env(), config{}, "contradicts --max-sessions"},
+		{"zero max sessions", []string{"--backends", "http://127.0.0.1:9001", "--max-sessions", "0"}, env(), config{}, "--max-sessions"},
+		{"zero init bytes", []string{"--backends", "http://127.0.0.1:9001", "--max-session-init-bytes", "0"}, env(), config{}, "--max-session-init-bytes"},
 		{"negative max age", []string{"--backends", "http://127.0.0.1:9001", "--session-max-age", "-1h"}, env(), config{}, "--session-max-age"},
 		{"both sources", []string{"--backends", "http://127.0.0.1:9001", "--k8s-service", "ns/svc"}, env(), config{}, "mutually exclusive"},
 		{"unknown balancer", []string{"--backends", "http://127.0.0.1:9001", "--balancer", "fastest"}, env(), config{}, `--balancer "fastest"`},

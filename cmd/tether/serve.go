@@ -322,15 +322,8 @@ func (s *server) endpointStats() []telemetry.EndpointStat {
 	return out
 }
 
-// storeStats reports the Redis cache's counters (zero for the memory store).
-func (s *server) storeStats() telemetry.StoreStat {
-	c, ok := s.store.(*session.Cache)
-	if !ok {
-		return telemetry.StoreStat{}
-	}
-	st := c.Stats()
-	return telemetry.StoreStat{CacheHits: st.Hits, CacheMisses: st.Misses, Pending: st.Pending, Unwritten: st.Unwritten}
-}
+// storeStats reports the session store's counters (see storeStat).
+func (s *server) storeStats() telemetry.StoreStat { return storeStat(s.store) }
 
 func storeName(cfg config) string {
 	if cfg.RedisURL != "" {
