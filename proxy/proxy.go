@@ -104,6 +104,7 @@ func New(cfg Config) *Proxy {
 	if p.transport == nil {
 		p.transport = NewTransport(false)
 	}
+	p.transport = retryUnread{p.transport} // see unreadRequestError
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxBody
 	}

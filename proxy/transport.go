@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -44,10 +46,12 @@ func newTransport(h2c bool, dial func(ctx context.Context, network, addr string)
 		var protos http.Protocols
 		protos.SetUnencryptedHTTP2(true)
 		t.Protocols = &protos
-		// HTTP/2 multiplexes every request over one connection: a refused
-		// write there would fail the connection and every stream on it, and
-		// http2 does not retry write errors. A graceful backend says which
-		// streams it never saw (GOAWAY) and http2 retries those itself.
+		// No check here. A backend that shuts down sends GOAWAY naming the
+		// last stream it took, and http2 retries later streams itself
+		// (errClientConnGotGoAway). A crashed backend sends no GOAWAY, and a
+		// stream written before http2's reader sees the FIN still fails; but
+		// refusing the write would not help: http2 keeps the first write
+		// error for every stream of the connection and retries none of them.
 		return t
 	}
 	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -93,18 +97,103 @@ var errStaleConn = errors.New("backend closed the idle connection before the req
 // The check peeks at the socket without consuming anything and without the
 // fd's read lock, which the readLoop holds while it waits (see peerGone).
 // It costs one non-blocking syscall per request and allocates nothing.
+//
+// It also tells which connection resets leave the request unread (see
+// unreadRequestError).
 type backendConn struct {
 	net.Conn
 	probe stateProbe
+	// unanswered is set when a request starts and cleared by the first
+	// byte read after it. Writes come from the transport's writeLoop and
+	// reads from its readLoop, hence the atomic.
+	unanswered atomic.Bool
 }
 
 // Write refuses the first write of a request on a connection the backend
 // has left; every other write goes straight through.
 func (c *backendConn) Write(p []byte) (int, error) {
-	if startsRequest(p) && c.probe.peerGone() {
-		return 0, errStaleConn
+	if startsRequest(p) {
+		if c.probe.peerGone() {
+			return 0, errStaleConn
+		}
+		// Before the write: the answer may be read before Write returns.
+		c.unanswered.Store(true)
 	}
 	return c.Conn.Write(p)
+}
+
+// Read marks a reset that arrives before any byte of the answer.
+func (c *backendConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		if c.unanswered.Load() {
+			c.unanswered.Store(false)
+		}
+	} else if err != nil && c.unanswered.Load() && errors.Is(err, syscall.ECONNRESET) {
+		return n, &unreadRequestError{err}
+	}
+	return n, err
+}
+
+// unreadRequestError is a connection reset that came, instead of any byte
+// of an answer, after a request was written.
+//
+// A TCP stack answers with a reset, rather than an orderly FIN, when the
+// socket is closed with received data still unread, or when data arrives
+// for a socket that is gone. So the backend closed the connection without
+// reading all of the request; an MCP server needs the whole body to know
+// what to do, so it did not act on it. This is what a graceful Go backend
+// does to a request that arrives on a keep-alive connection just as
+// Server.Shutdown closes its idle connections (closeIdleConns does not look
+// for unread data), and what a crash does to a request it had not read yet.
+// A backend that crashes after reading the request closes with nothing
+// unread: that is a FIN and an EOF, which stays ambiguous and gets a 502.
+//
+// The one reset this misreads is a deliberate abort (SO_LINGER 0) after the
+// backend read and acted on a request without answering; no MCP server or
+// Go, Node or Python HTTP server does that.
+type unreadRequestError struct{ err error }
+
+func (e *unreadRequestError) Error() string {
+	return "backend reset the connection without reading the request: " + e.err.Error()
+}
+
+func (e *unreadRequestError) Unwrap() error { return e.err }
+
+// maxUnreadRetries bounds how often retryUnread sends one request again.
+const maxUnreadRetries = 2
+
+// retryUnread sends a request again, to the same backend, when the backend
+// reset the connection without reading it (unreadRequestError). The next
+// attempt takes another pooled connection or dials: a backend that is
+// shutting down or gone refuses the dial, and the proxy's dial-error path
+// ejects it and re-initializes the session; a backend that only closed one
+// idle connection (its idle timeout racing the request) serves it, and the
+// session stays where its state is.
+type retryUnread struct{ next http.RoundTripper }
+
+func (r retryUnread) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
+	for range maxUnreadRetries {
+		var unread *unreadRequestError
+		if err == nil || !errors.As(err, &unread) || req.Context().Err() != nil {
+			break
+		}
+		if req.Body != nil && req.Body != http.NoBody {
+			if req.GetBody == nil {
+				break // the body is spent and cannot be rebuilt
+			}
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				break
+			}
+			again := *req
+			again.Body = body
+			req = &again
+		}
+		resp, err = r.next.RoundTrip(req)
+	}
+	return resp, err
 }
 
 // maxMethodLen bounds the scan for the method of a request line; HTTP

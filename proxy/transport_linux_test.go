@@ -176,8 +176,8 @@ func TestPeerGone(t *testing.T) {
 // of the FIN that the kernel already has.
 type heldConn struct {
 	*net.TCPConn
-	hold    int           // bytes after which reads stop
-	read    int           // bytes read so far (only the readLoop reads)
+	hold    int64         // bytes after which reads stop
+	read    atomic.Int64  // bytes read so far
 	parked  chan struct{} // closed when a read first stops
 	release chan struct{} // closed by a Write after parking, or by Close
 	once    sync.Once
@@ -185,12 +185,12 @@ type heldConn struct {
 }
 
 func (c *heldConn) Read(p []byte) (int, error) {
-	if c.read >= c.hold {
+	if c.read.Load() >= c.hold {
 		c.park.Do(func() { close(c.parked) })
 		<-c.release
 	}
 	n, err := c.TCPConn.Read(p)
-	c.read += n
+	c.read.Add(int64(n))
 	return n, err
 }
 
@@ -209,27 +209,37 @@ func (c *heldConn) Close() error {
 	return c.TCPConn.Close()
 }
 
-// A backend serves one request on a keep-alive connection and closes it.
-// The FIN reaches the client's socket while the transport's readLoop has
-// not run yet. The next POST from the pool must not be written into that
-// socket: it is sent on a fresh connection and succeeds. (Before the fix,
-// the POST was written, the read got EOF, and net/http returned the error:
-// a POST that may have been processed is not retried.)
-func TestPooledConnClosedByBackend(t *testing.T) {
-	const response = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+const pooledResponse = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+// pooledRig is a raw HTTP/1.1 backend and a client transport whose
+// connections are heldConns. The backend's first connection serves one
+// request, then hands itself to second; every later connection serves
+// requests normally.
+type pooledRig struct {
+	url      string
+	accepted atomic.Int32
+	served   atomic.Int32 // requests read in full
+	client   *http.Client
+
+	mu    sync.Mutex
+	conns []*heldConn
+}
+
+func newPooledRig(t *testing.T, rt func(*http.Transport) http.RoundTripper, second func(c *net.TCPConn, br *bufio.Reader)) *pooledRig {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	var accepted, served atomic.Int32
+	t.Cleanup(func() { ln.Close() })
+	r := &pooledRig{url: "http://" + ln.Addr().String() + "/mcp"}
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			first := accepted.Add(1) == 1
+			first := r.accepted.Add(1) == 1
 			go func() {
 				defer c.Close()
 				br := bufio.NewReader(c)
@@ -239,61 +249,181 @@ func TestPooledConnClosedByBackend(t *testing.T) {
 						return
 					}
 					io.Copy(io.Discard, req.Body)
-					served.Add(1)
-					if _, err := io.WriteString(c, response); err != nil || first {
-						return // the first connection closes after one response
+					r.served.Add(1)
+					if _, err := io.WriteString(c, pooledResponse); err != nil {
+						return
+					}
+					if first {
+						second(c.(*net.TCPConn), br)
+						return
 					}
 				}
 			}()
 		}
 	}()
-
-	var mu sync.Mutex
-	var conns []*heldConn
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		hc := &heldConn{TCPConn: c.(*net.TCPConn), hold: len(response), parked: make(chan struct{}), release: make(chan struct{})}
-		mu.Lock()
-		conns = append(conns, hc)
-		mu.Unlock()
+		hc := &heldConn{TCPConn: c.(*net.TCPConn), hold: int64(len(pooledResponse)), parked: make(chan struct{}), release: make(chan struct{})}
+		r.mu.Lock()
+		r.conns = append(r.conns, hc)
+		r.mu.Unlock()
 		return hc, nil
 	}
 	tr := newTransport(false, dial)
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	post := func() (string, error) {
-		resp, err := client.Post("http://"+ln.Addr().String()+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return string(b), err
-	}
+	t.Cleanup(tr.CloseIdleConnections)
+	r.client = &http.Client{Transport: rt(tr), Timeout: 10 * time.Second}
+	return r
+}
 
-	if body, err := post(); err != nil || body != "ok" {
-		t.Fatalf("first request: %q, %v", body, err)
+func (r *pooledRig) post() (string, error) {
+	resp, err := r.client.Post(r.url, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
+	if err != nil {
+		return "", err
 	}
-	mu.Lock()
-	first := conns[0]
-	mu.Unlock()
-	select { // the connection is back in the pool and its readLoop waits on it
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// firstConn waits until the first connection is back in the pool with the
+// transport's readLoop parked on it, and returns it.
+func (r *pooledRig) firstConn(t *testing.T) *heldConn {
+	t.Helper()
+	r.mu.Lock()
+	first := r.conns[0]
+	r.mu.Unlock()
+	select {
 	case <-first.parked:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the transport never went back to reading the idle connection")
 	}
-	waitTCPState(t, first, tcpCloseWait) // the backend's FIN has arrived
+	return first
+}
 
-	if body, err := post(); err != nil || body != "ok" {
+func plainTransport(tr *http.Transport) http.RoundTripper { return tr }
+
+// A backend serves one request on a keep-alive connection and closes it.
+// The FIN reaches the client's socket while the transport's readLoop has
+// not run yet. The next POST from the pool must not be written into that
+// socket: it is sent on a fresh connection and succeeds. (Before the fix,
+// the POST was written, the read got EOF, and net/http returned the error:
+// a POST that may have been processed is not retried.)
+func TestPooledConnClosedByBackend(t *testing.T) {
+	r := newPooledRig(t, plainTransport, func(*net.TCPConn, *bufio.Reader) {}) // close after one response
+	if body, err := r.post(); err != nil || body != "ok" {
+		t.Fatalf("first request: %q, %v", body, err)
+	}
+	waitTCPState(t, r.firstConn(t), tcpCloseWait) // the backend's FIN has arrived
+
+	if body, err := r.post(); err != nil || body != "ok" {
 		t.Fatalf("request after the backend closed the pooled connection: %q, %v", body, err)
 	}
-	if n := accepted.Load(); n != 2 {
+	if n := r.accepted.Load(); n != 2 {
 		t.Errorf("backend accepted %d connections, want 2 (the request went to a fresh one)", n)
 	}
-	if n := served.Load(); n != 2 {
+	if n := r.served.Load(); n != 2 {
 		t.Errorf("backend served %d requests, want 2", n)
+	}
+}
+
+// waitUnread waits until c's socket holds received bytes that nobody has
+// read.
+func waitUnread(c *net.TCPConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		var pending int32
+		raw.Control(func(fd uintptr) {
+			syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, // SIOCINQ: bytes received, unread
+				uintptr(unsafe.Pointer(&pending)))
+		})
+		if pending > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// A backend that closes a keep-alive connection holding a request it has
+// not read resets it (a graceful Go server does this in Shutdown); that
+// request is sent again and succeeds. A backend that read the request and
+// then closed (a crash while working on it), or reset the connection after
+// it began to answer, gets no second copy: the client gets the error.
+func TestResetBeforeAnswer(t *testing.T) {
+	tests := []struct {
+		name string
+		// second is what the backend does with the next request on the
+		// pooled connection; rig gives access to the client's side.
+		second      func(r **pooledRig, c *net.TCPConn, br *bufio.Reader)
+		wantOK      bool
+		wantServed  int32 // requests the backend read in full
+		wantDialled int32
+	}{
+		{
+			name: "closed with the request unread",
+			second: func(_ **pooledRig, c *net.TCPConn, _ *bufio.Reader) {
+				waitUnread(c) // the request is there, unread
+				c.Close()     // a reset: data was unread
+			},
+			wantOK: true, wantServed: 2, wantDialled: 2,
+		},
+		{
+			name: "closed after reading the request",
+			second: func(r **pooledRig, c *net.TCPConn, br *bufio.Reader) {
+				if req, err := http.ReadRequest(br); err == nil {
+					io.Copy(io.Discard, req.Body)
+					(*r).served.Add(1)
+				}
+				c.Close() // a FIN: it may have acted on the request
+			},
+			wantOK: false, wantServed: 2, wantDialled: 1,
+		},
+		{
+			name: "reset after the answer began",
+			second: func(r **pooledRig, c *net.TCPConn, br *bufio.Reader) {
+				if req, err := http.ReadRequest(br); err == nil {
+					io.Copy(io.Discard, req.Body)
+					(*r).served.Add(1)
+				}
+				const part = "HTTP/1.1 200 OK\r\n"
+				io.WriteString(c, part)
+				(*r).mu.Lock()
+				client := (*r).conns[0]
+				(*r).mu.Unlock()
+				want := int64(len(pooledResponse) + len(part))
+				for deadline := time.Now().Add(10 * time.Second); client.read.Load() < want && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				c.SetLinger(0)
+				c.Close()
+			},
+			wantOK: false, wantServed: 2, wantDialled: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r *pooledRig
+			r = newPooledRig(t, func(tr *http.Transport) http.RoundTripper { return retryUnread{tr} },
+				func(c *net.TCPConn, br *bufio.Reader) { tt.second(&r, c, br) })
+			if body, err := r.post(); err != nil || body != "ok" {
+				t.Fatalf("first request: %q, %v", body, err)
+			}
+			r.firstConn(t)
+			body, err := r.post()
+			if ok := err == nil && body == "ok"; ok != tt.wantOK {
+				t.Errorf("second request: %q, %v; want success %v", body, err, tt.wantOK)
+			}
+			if n := r.served.Load(); n != tt.wantServed {
+				t.Errorf("backend read %d requests in full, want %d", n, tt.wantServed)
+			}
+			if n := r.accepted.Load(); n != tt.wantDialled {
+				t.Errorf("backend accepted %d connections, want %d", n, tt.wantDialled)
+			}
+		})
 	}
 }
