@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -129,8 +130,10 @@ func (c *backendConn) Read(p []byte) (int, error) {
 		if c.unanswered.Load() {
 			c.unanswered.Store(false)
 		}
-	} else if err != nil && c.unanswered.Load() && errors.Is(err, syscall.ECONNRESET) {
-		return n, &unreadRequestError{err}
+	} else if err != nil && c.unanswered.Load() {
+		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && c.probe.resetFollows()) {
+			return n, &unreadRequestError{err}
+		}
 	}
 	return n, err
 }
@@ -140,14 +143,15 @@ func (c *backendConn) Read(p []byte) (int, error) {
 //
 // A TCP stack answers with a reset, rather than an orderly FIN, when the
 // socket is closed with received data still unread, or when data arrives
-// for a socket that is gone. So the backend closed the connection without
+// for a socket that is already closed (then the reset follows the FIN, one
+// round trip later). Either way the backend closed the connection without
 // reading all of the request; an MCP server needs the whole body to know
 // what to do, so it did not act on it. This is what a graceful Go backend
 // does to a request that arrives on a keep-alive connection just as
 // Server.Shutdown closes its idle connections (closeIdleConns does not look
 // for unread data), and what a crash does to a request it had not read yet.
 // A backend that crashes after reading the request closes with nothing
-// unread: that is a FIN and an EOF, which stays ambiguous and gets a 502.
+// unread: a FIN and no reset, which stays ambiguous and gets a 502.
 //
 // The one reset this misreads is a deliberate abort (SO_LINGER 0) after the
 // backend read and acted on a request without answering; no MCP server or

@@ -3,6 +3,8 @@ package proxy
 import (
 	"net"
 	"syscall"
+	"time"
+	"unsafe"
 )
 
 // stateProbe reads the state of a connection's socket without taking part
@@ -53,4 +55,39 @@ func (p *stateProbe) peekFD(fd uintptr) {
 	var b [1]byte
 	_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	p.gone = err != syscall.EAGAIN && err != syscall.EINTR
+}
+
+// resetWait bounds how long an EOF in place of an answer waits for the
+// reset that shows the request reached a socket the backend had already
+// closed. The reset trails the FIN by less than one round trip (the request
+// left before the FIN arrived, or the write check would have refused it):
+// microseconds on a node, about a millisecond across a cluster network.
+// Only an ambiguous close (a crash after reading the request) waits it out
+// before its 502.
+const resetWait = 5 * time.Millisecond
+
+// tcpClose is TCP_CLOSE in include/net/tcp_states.h: a connection in
+// CLOSE_WAIT (FIN received) moves there when a reset arrives.
+const tcpClose = 7
+
+// resetFollows reports whether a reset arrives within resetWait after the
+// backend's FIN. It runs only on the error path.
+func (p *stateProbe) resetFollows() bool {
+	for deadline := time.Now().Add(resetWait); ; time.Sleep(100 * time.Microsecond) {
+		var state [1]byte // tcpi_state, the first byte of struct tcp_info
+		var errno syscall.Errno
+		if p.raw.Control(func(fd uintptr) {
+			size := uint32(len(state))
+			_, _, errno = syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
+				uintptr(unsafe.Pointer(&state[0])), uintptr(unsafe.Pointer(&size)), 0)
+		}) != nil || errno != 0 {
+			return false
+		}
+		if state[0] == tcpClose {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }

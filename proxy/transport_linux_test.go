@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,19 +17,16 @@ import (
 	"unsafe"
 )
 
-// Linux TCP states (include/net/tcp_states.h), the first byte of tcp_info.
-const (
-	tcpClose     = 7
-	tcpCloseWait = 8
-)
+// tcpCloseWait is TCP_CLOSE_WAIT (include/net/tcp_states.h): the peer's
+// FIN has arrived.
+const tcpCloseWait = 8
 
 // tcpState reads the kernel's TCP state of c's socket: the test's own view
 // of "the backend's FIN (or RST) has arrived", independent of the probe.
-func tcpState(t *testing.T, c syscall.Conn) byte {
-	t.Helper()
+func tcpState(c syscall.Conn) (byte, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	var state [1]byte // the kernel copies as much of tcp_info as asked for
 	var errno syscall.Errno
@@ -37,22 +35,34 @@ func tcpState(t *testing.T, c syscall.Conn) byte {
 		_, _, errno = syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
 			uintptr(unsafe.Pointer(&state[0])), uintptr(unsafe.Pointer(&size)), 0)
 	}); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	if errno != 0 {
-		t.Fatal(errno)
+		return 0, errno
 	}
-	return state[0]
+	return state[0], nil
 }
 
-// waitTCPState waits until c's socket is in state want.
+// reachTCPState waits until c's socket is in state want, or 10 s pass.
+func reachTCPState(c syscall.Conn, want byte) error {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		state, err := tcpState(c)
+		if err != nil {
+			return err
+		}
+		if state == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("socket never reached TCP state %d (now %d)", want, state)
+		}
+	}
+}
+
 func waitTCPState(t *testing.T, c syscall.Conn, want byte) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); tcpState(t, c) != want; {
-		if time.Now().After(deadline) {
-			t.Fatalf("socket never reached TCP state %d (now %d)", want, tcpState(t, c))
-		}
-		time.Sleep(time.Millisecond)
+	if err := reachTCPState(c, want); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -182,6 +192,9 @@ type heldConn struct {
 	release chan struct{} // closed by a Write after parking, or by Close
 	once    sync.Once
 	park    sync.Once
+	// beforeWrite, when set, runs before the first write after parking:
+	// after the transport's check, before the bytes leave.
+	beforeWrite func()
 }
 
 func (c *heldConn) Read(p []byte) (int, error) {
@@ -195,6 +208,14 @@ func (c *heldConn) Read(p []byte) (int, error) {
 }
 
 func (c *heldConn) Write(p []byte) (int, error) {
+	select {
+	case <-c.parked:
+		if c.beforeWrite != nil {
+			c.beforeWrite()
+			c.beforeWrite = nil
+		}
+	default:
+	}
 	n, err := c.TCPConn.Write(p)
 	select {
 	case <-c.parked: // a request written after the hold: let the readLoop see what follows
@@ -425,5 +446,42 @@ func TestResetBeforeAnswer(t *testing.T) {
 				t.Errorf("backend accepted %d connections, want %d", n, tt.wantDialled)
 			}
 		})
+	}
+}
+
+// The backend closes an idle keep-alive connection just after the client's
+// check and just before the request reaches it: the client reads a FIN
+// where the answer should be, and then a reset, because the request reached
+// a closed socket and was never read. It is sent again and succeeds. (A FIN
+// with no reset after it is a backend that may have read the request: see
+// "closed after reading the request" above.)
+func TestRequestReachesClosedSocket(t *testing.T) {
+	closeNow := make(chan struct{})
+	r := newPooledRig(t, func(tr *http.Transport) http.RoundTripper { return retryUnread{tr} },
+		func(c *net.TCPConn, _ *bufio.Reader) {
+			<-closeNow
+			c.Close() // nothing unread yet: a FIN
+		})
+	if body, err := r.post(); err != nil || body != "ok" {
+		t.Fatalf("first request: %q, %v", body, err)
+	}
+	first := r.firstConn(t)
+	finArrived := make(chan error, 1)
+	first.beforeWrite = func() { // on the transport's writeLoop
+		close(closeNow)
+		finArrived <- reachTCPState(first, tcpCloseWait)
+	}
+	body, err := r.post()
+	if err := <-finArrived; err != nil {
+		t.Fatalf("the backend's FIN: %v", err)
+	}
+	if err != nil || body != "ok" {
+		t.Fatalf("request that reached a closed socket: %q, %v", body, err)
+	}
+	if n := r.served.Load(); n != 2 {
+		t.Errorf("backend read %d requests in full, want 2", n)
+	}
+	if n := r.accepted.Load(); n != 2 {
+		t.Errorf("backend accepted %d connections, want 2", n)
 	}
 }

@@ -12,3 +12,5 @@ type stateProbe struct{}
 func (p *stateProbe) init(net.Conn) bool { return false }
 
 func (p *stateProbe) peerGone() bool { return false }
+
+func (p *stateProbe) resetFollows() bool { return false }
