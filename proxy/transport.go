@@ -164,6 +164,13 @@ func (e *unreadRequestError) Error() string {
 
 func (e *unreadRequestError) Unwrap() error { return e.err }
 
+// isUnread reports whether err is an unreadRequestError. (A function of its
+// own, so that the target of errors.As is allocated only for an error.)
+func isUnread(err error) bool {
+	var unread *unreadRequestError
+	return errors.As(err, &unread)
+}
+
 // maxUnreadRetries bounds how often retryUnread sends one request again.
 const maxUnreadRetries = 2
 
@@ -179,8 +186,7 @@ type retryUnread struct{ next http.RoundTripper }
 func (r retryUnread) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := r.next.RoundTrip(req)
 	for range maxUnreadRetries {
-		var unread *unreadRequestError
-		if err == nil || !errors.As(err, &unread) || req.Context().Err() != nil {
+		if err == nil || !isUnread(err) || req.Context().Err() != nil {
 			break
 		}
 		if req.Body != nil && req.Body != http.NoBody {
