@@ -61,10 +61,11 @@ func (p *stateProbe) peekFD(fd uintptr) {
 // reset that shows the request reached a socket the backend had already
 // closed. The reset trails the FIN by less than one round trip (the request
 // left before the FIN arrived, or the write check would have refused it):
-// microseconds on a node, about a millisecond across a cluster network.
-// Only an ambiguous close (a crash after reading the request) waits it out
-// before its 502.
-const resetWait = 5 * time.Millisecond
+// microseconds on a node, about a millisecond across a cluster network, a
+// few milliseconds when a busy kernel defers packet processing. Only an
+// ambiguous close (a crash after reading the request) waits it out before
+// its 502.
+const resetWait = 20 * time.Millisecond
 
 // tcpClose is TCP_CLOSE in include/net/tcp_states.h: a connection in
 // CLOSE_WAIT (FIN received) moves there when a reset arrives.
@@ -73,7 +74,8 @@ const tcpClose = 7
 // resetFollows reports whether a reset arrives within resetWait after the
 // backend's FIN. It runs only on the error path.
 func (p *stateProbe) resetFollows() bool {
-	for deadline := time.Now().Add(resetWait); ; time.Sleep(100 * time.Microsecond) {
+	pause := 50 * time.Microsecond
+	for deadline := time.Now().Add(resetWait); ; {
 		var state [1]byte // tcpi_state, the first byte of struct tcp_info
 		var errno syscall.Errno
 		if p.raw.Control(func(fd uintptr) {
@@ -89,5 +91,7 @@ func (p *stateProbe) resetFollows() bool {
 		if time.Now().After(deadline) {
 			return false
 		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
 	}
 }
