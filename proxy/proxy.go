@@ -144,6 +144,7 @@ func New(cfg Config) *Proxy {
 	if p.transport == nil {
 		p.transport = NewTransport(false)
 	}
+	p.transport = retryUnread{p.transport} // see unreadRequestError
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxBody
 	}
@@ -776,29 +777,3 @@ var (
 
 func (p bufferPool) Get() []byte  { return *p.pool.Get().(*[]byte) }
 func (p bufferPool) Put(b []byte) { p.pool.Put(&b) }
-
-// NewTransport returns the transport tether uses for backends: keep-alive
-// pools sized for a proxy (the default of 2 idle connections per host makes
-// connection churn dominate), no environment proxies, no transparent
-// compression. With h2c, backends are spoken to in HTTP/2 by prior knowledge.
-func NewTransport(h2c bool) *http.Transport {
-	t := &http.Transport{
-		Proxy: nil,
-		DialContext: (&net.Dialer{
-			Timeout:   2 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		// Tool calls may run for minutes; the client's context bounds them.
-		ResponseHeaderTimeout: 0,
-	}
-	if h2c {
-		var protos http.Protocols
-		protos.SetUnencryptedHTTP2(true)
-		t.Protocols = &protos
-	}
-	return t
-}

@@ -60,10 +60,13 @@ func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
 	defer tp.stop()
 	res := &failoverResult{Sessions: sessions}
 	httpc := newClient()
-	for _, kind := range []struct {
-		name  string
-		grace string
-	}{{"graceful: SIGTERM, 1 s drain", "1s"}, {"abrupt: every connection cut", "0s"}} {
+	type killKind struct{ name, grace string }
+	var kinds []killKind
+	for range max(env.failoverKills, 1) {
+		kinds = append(kinds, killKind{"graceful: SIGTERM, 1 s drain", "1s"})
+	}
+	kinds = append(kinds, killKind{"abrupt: every connection cut", "0s"})
+	for _, kind := range kinds {
 		var ss []liveSession
 		onVictim := 0
 		for range sessions {
@@ -133,6 +136,37 @@ func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// failoverKind sums the runs of one kind of kill.
+type failoverKind struct {
+	Kind                   string
+	Kills, KillsWithErrors int
+	Sent, Errors           int
+	WorstP99After          time.Duration
+}
+
+// byKind sums the runs per kind of kill, in the order the kinds first ran.
+func (f *failoverResult) byKind() []failoverKind {
+	var kinds []failoverKind
+	at := map[string]int{}
+	for _, r := range f.Runs {
+		i, ok := at[r.Kind]
+		if !ok {
+			i = len(kinds)
+			at[r.Kind] = i
+			kinds = append(kinds, failoverKind{Kind: r.Kind})
+		}
+		k := &kinds[i]
+		k.Kills++
+		k.Sent += r.Sent
+		k.Errors += r.Errors
+		if r.Errors > 0 {
+			k.KillsWithErrors++
+		}
+		k.WorstP99After = max(k.WorstP99After, r.P99After)
+	}
+	return kinds
 }
 
 // waitReadmitted polls tether's /debug/endpoints until the endpoint at url
@@ -227,13 +261,23 @@ func failoverMarkdown(f *failoverResult) string {
 		fmt.Fprintf(&b, "| %s | %.0f/s | %d / %d | %s | %d | %.0f | %.2f ms | %.2f ms | %.1f ms |\n",
 			r.Kind, r.Rate, r.Errors, r.Sent, codes, r.OnVictim, r.Reinits, ms(r.P99Before), ms(r.P99After), ms(r.MaxAfter))
 	}
+	for _, k := range f.byKind() {
+		if k.Kills > 1 {
+			fmt.Fprintf(&b, "\n%s, %d kills: %d errors of %d requests; %d kills with errors.\n", k.Kind, k.Kills, k.Errors, k.Sent, k.KillsWithErrors)
+		}
+	}
 	return b.String()
 }
 
 func failoverChart(f *failoverResult) *svg.Figure {
 	fig := &svg.Figure{Title: "Failover under load: a backend killed behind tether", Cols: 2, PanelW: 560, PanelH: 280,
 		Footnote: "Per 100 ms bucket of request start times; the dashed line is the kill."}
+	charted := map[string]bool{}
 	for _, r := range f.Runs {
+		if charted[r.Kind] {
+			continue // repeated kills: the first of each kind is charted
+		}
+		charted[r.Kind] = true
 		mk := []svg.Marker{{X: r.KillAt, Label: "kill"}}
 		fig.Add(&svg.LineChart{Title: r.Kind + ": requests/s", XLabel: "s", YLabel: "req/s", Markers: mk,
 			Series: []svg.Series{{Name: "ok", X: r.T, Y: r.OK}, {Name: "errors", X: r.T, Y: r.Err}}})

@@ -1,0 +1,516 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// tcpCloseWait is TCP_CLOSE_WAIT (include/net/tcp_states.h): the peer's
+// FIN has arrived.
+const tcpCloseWait = 8
+
+// tcpState reads the kernel's TCP state of c's socket: the test's own view
+// of "the backend's FIN (or RST) has arrived", independent of the probe.
+func tcpState(c syscall.Conn) (byte, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var state [1]byte // the kernel copies as much of tcp_info as asked for
+	var errno syscall.Errno
+	if err := raw.Control(func(fd uintptr) {
+		size := uint32(len(state))
+		_, _, errno = syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
+			uintptr(unsafe.Pointer(&state[0])), uintptr(unsafe.Pointer(&size)), 0)
+	}); err != nil {
+		return 0, err
+	}
+	if errno != 0 {
+		return 0, errno
+	}
+	return state[0], nil
+}
+
+// reachTCPState waits until c's socket is in state want, or 10 s pass.
+func reachTCPState(c syscall.Conn, want byte) error {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		state, err := tcpState(c)
+		if err != nil {
+			return err
+		}
+		if state == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("socket never reached TCP state %d (now %d)", want, state)
+		}
+	}
+}
+
+func waitTCPState(t *testing.T, c syscall.Conn, want byte) {
+	t.Helper()
+	if err := reachTCPState(c, want); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (client, server *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// The probe tells an idle open connection from one whose peer closed,
+// reset, or sent bytes nobody asked for, without consuming anything; the
+// wrapper refuses only the first write of a request on such a connection.
+func TestPeerGone(t *testing.T) {
+	const request = "POST /mcp HTTP/1.1\r\nHost: backend\r\nContent-Length: 2\r\n\r\n{}"
+
+	t.Run("idle, then unsolicited bytes", func(t *testing.T) {
+		c, s := tcpPair(t)
+		var p stateProbe
+		if !p.init(c) {
+			t.Fatal("probe: init failed on a TCP connection")
+		}
+		if p.peerGone() {
+			t.Fatal("idle open connection reported gone")
+		}
+		if _, err := s.Write([]byte("HTTP/1.1 408 Request Timeout\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !p.peerGone(); {
+			if time.Now().After(deadline) {
+				t.Fatal("unsolicited bytes never reported")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		buf := make([]byte, 64) // the probe consumed nothing: all of it is still there
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := io.ReadAtLeast(c, buf, len("HTTP/1.1 408 Request Timeout\r\n")); err != nil || string(buf[:n]) != "HTTP/1.1 408 Request Timeout\r\n" {
+			t.Fatalf("read after probe: %q, %v", buf[:n], err)
+		}
+		if p.peerGone() {
+			t.Fatal("drained open connection reported gone")
+		}
+	})
+
+	t.Run("FIN", func(t *testing.T) {
+		c, s := tcpPair(t)
+		bc := newBackendConn(c)
+		s.Close()
+		waitTCPState(t, c, tcpCloseWait)
+		if !bc.(*backendConn).probe.peerGone() {
+			t.Fatal("closed by the peer, not reported")
+		}
+		if n, err := bc.Write([]byte(request)); n != 0 || !errors.Is(err, errStaleConn) {
+			t.Fatalf("request on a closed connection: wrote %d, err %v; want 0, errStaleConn", n, err)
+		}
+		// A write that continues a request is not the wrapper's to refuse.
+		if n, err := bc.Write([]byte(`{"more":"body"}`)); n != len(`{"more":"body"}`) || err != nil {
+			t.Fatalf("body write: wrote %d, err %v", n, err)
+		}
+	})
+
+	t.Run("RST", func(t *testing.T) {
+		c, s := tcpPair(t)
+		bc := newBackendConn(c)
+		s.SetLinger(0) // close with a reset
+		s.Close()
+		waitTCPState(t, c, tcpClose)
+		if n, err := bc.Write([]byte(request)); n != 0 || !errors.Is(err, errStaleConn) {
+			t.Fatalf("request on a reset connection: wrote %d, err %v; want 0, errStaleConn", n, err)
+		}
+	})
+
+	t.Run("open connection writes", func(t *testing.T) {
+		c, s := tcpPair(t)
+		bc := newBackendConn(c)
+		if n, err := bc.Write([]byte(request)); n != len(request) || err != nil {
+			t.Fatalf("request on an open connection: wrote %d, err %v", n, err)
+		}
+		buf := make([]byte, len(request))
+		s.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(s, buf); err != nil || string(buf) != request {
+			t.Fatalf("backend read %q, %v", buf, err)
+		}
+	})
+
+	t.Run("no allocation", func(t *testing.T) {
+		if raceEnabled {
+			t.Skip("allocation counts are not meaningful under the race detector")
+		}
+		c, _ := tcpPair(t)
+		var p stateProbe
+		p.init(c)
+		line := []byte(request)
+		if n := testing.AllocsPerRun(200, func() {
+			if startsRequest(line) && p.peerGone() {
+				t.Fatal("idle open connection reported gone")
+			}
+		}); n != 0 {
+			t.Errorf("%v allocations per check, want 0", n)
+		}
+	})
+}
+
+// heldConn is a client connection whose reads stop, once the first
+// response has been read, until the client writes again or closes it. It
+// holds the transport's readLoop exactly where it is when a backend dies
+// between two requests: parked on an idle pooled connection, not yet aware
+// of the FIN that the kernel already has.
+type heldConn struct {
+	*net.TCPConn
+	hold    int64         // bytes after which reads stop
+	read    atomic.Int64  // bytes read so far
+	parked  chan struct{} // closed when a read first stops
+	release chan struct{} // closed by a Write after parking, or by Close
+	once    sync.Once
+	park    sync.Once
+	// beforeWrite, when set, runs before the first write after parking:
+	// after the transport's check, before the bytes leave.
+	beforeWrite func()
+}
+
+func (c *heldConn) Read(p []byte) (int, error) {
+	if c.read.Load() >= c.hold {
+		c.park.Do(func() { close(c.parked) })
+		<-c.release
+	}
+	n, err := c.TCPConn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+func (c *heldConn) Write(p []byte) (int, error) {
+	select {
+	case <-c.parked:
+		if c.beforeWrite != nil {
+			c.beforeWrite()
+			c.beforeWrite = nil
+		}
+	default:
+	}
+	n, err := c.TCPConn.Write(p)
+	select {
+	case <-c.parked: // a request written after the hold: let the readLoop see what follows
+		c.once.Do(func() { close(c.release) })
+	default:
+	}
+	return n, err
+}
+
+func (c *heldConn) Close() error {
+	c.once.Do(func() { close(c.release) })
+	return c.TCPConn.Close()
+}
+
+const pooledResponse = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+// pooledRig is a raw HTTP/1.1 backend and a client transport whose
+// connections are heldConns. The backend's first connection serves one
+// request, then hands itself to second; every later connection serves
+// requests normally.
+type pooledRig struct {
+	url      string
+	accepted atomic.Int32
+	served   atomic.Int32 // requests read in full
+	client   *http.Client
+
+	mu    sync.Mutex
+	conns []*heldConn
+}
+
+func newPooledRig(t *testing.T, rt func(*http.Transport) http.RoundTripper, second func(c *net.TCPConn, br *bufio.Reader)) *pooledRig {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	r := &pooledRig{url: "http://" + ln.Addr().String() + "/mcp"}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			first := r.accepted.Add(1) == 1
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					r.served.Add(1)
+					if _, err := io.WriteString(c, pooledResponse); err != nil {
+						return
+					}
+					if first {
+						second(c.(*net.TCPConn), br)
+						return
+					}
+				}
+			}()
+		}
+	}()
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		hc := &heldConn{TCPConn: c.(*net.TCPConn), hold: int64(len(pooledResponse)), parked: make(chan struct{}), release: make(chan struct{})}
+		r.mu.Lock()
+		r.conns = append(r.conns, hc)
+		r.mu.Unlock()
+		return hc, nil
+	}
+	tr := newTransport(false, dial)
+	t.Cleanup(tr.CloseIdleConnections)
+	r.client = &http.Client{Transport: rt(tr), Timeout: 10 * time.Second}
+	return r
+}
+
+func (r *pooledRig) post() (string, error) {
+	resp, err := r.client.Post(r.url, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// firstConn waits until the first connection is back in the pool with the
+// transport's readLoop parked on it, and returns it.
+func (r *pooledRig) firstConn(t *testing.T) *heldConn {
+	t.Helper()
+	r.mu.Lock()
+	first := r.conns[0]
+	r.mu.Unlock()
+	select {
+	case <-first.parked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the transport never went back to reading the idle connection")
+	}
+	return first
+}
+
+func plainTransport(tr *http.Transport) http.RoundTripper { return tr }
+
+// A backend serves one request on a keep-alive connection and closes it.
+// The FIN reaches the client's socket while the transport's readLoop has
+// not run yet. The next POST from the pool must not be written into that
+// socket: it is sent on a fresh connection and succeeds. (Before the fix,
+// the POST was written, the read got EOF, and net/http returned the error:
+// a POST that may have been processed is not retried.)
+func TestPooledConnClosedByBackend(t *testing.T) {
+	r := newPooledRig(t, plainTransport, func(*net.TCPConn, *bufio.Reader) {}) // close after one response
+	if body, err := r.post(); err != nil || body != "ok" {
+		t.Fatalf("first request: %q, %v", body, err)
+	}
+	waitTCPState(t, r.firstConn(t), tcpCloseWait) // the backend's FIN has arrived
+
+	if body, err := r.post(); err != nil || body != "ok" {
+		t.Fatalf("request after the backend closed the pooled connection: %q, %v", body, err)
+	}
+	if n := r.accepted.Load(); n != 2 {
+		t.Errorf("backend accepted %d connections, want 2 (the request went to a fresh one)", n)
+	}
+	if n := r.served.Load(); n != 2 {
+		t.Errorf("backend served %d requests, want 2", n)
+	}
+}
+
+// waitUnread waits until c's socket holds received bytes that nobody has
+// read.
+func waitUnread(c *net.TCPConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		var pending int32
+		raw.Control(func(fd uintptr) {
+			syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, // SIOCINQ: bytes received, unread
+				uintptr(unsafe.Pointer(&pending)))
+		})
+		if pending > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// A backend that closes a keep-alive connection holding a request it has
+// not read resets it (a graceful Go server does this in Shutdown); that
+// request is sent again and succeeds. A backend that read the request and
+// then closed (a crash while working on it), or reset the connection after
+// it began to answer, gets no second copy: the client gets the error.
+func TestResetBeforeAnswer(t *testing.T) {
+	tests := []struct {
+		name string
+		// second is what the backend does with the next request on the
+		// pooled connection; rig gives access to the client's side.
+		second      func(r **pooledRig, c *net.TCPConn, br *bufio.Reader)
+		wantOK      bool
+		wantServed  int32 // requests the backend read in full
+		wantDialled int32
+	}{
+		{
+			name: "closed with the request unread",
+			second: func(_ **pooledRig, c *net.TCPConn, _ *bufio.Reader) {
+				waitUnread(c) // the request is there, unread
+				c.Close()     // a reset: data was unread
+			},
+			wantOK: true, wantServed: 2, wantDialled: 2,
+		},
+		{
+			name: "closed after reading the request",
+			second: func(r **pooledRig, c *net.TCPConn, br *bufio.Reader) {
+				if req, err := http.ReadRequest(br); err == nil {
+					io.Copy(io.Discard, req.Body)
+					(*r).served.Add(1)
+				}
+				c.Close() // a FIN: it may have acted on the request
+			},
+			wantOK: false, wantServed: 2, wantDialled: 1,
+		},
+		{
+			name: "reset after the answer began",
+			second: func(r **pooledRig, c *net.TCPConn, br *bufio.Reader) {
+				if req, err := http.ReadRequest(br); err == nil {
+					io.Copy(io.Discard, req.Body)
+					(*r).served.Add(1)
+				}
+				const part = "HTTP/1.1 200 OK\r\n"
+				io.WriteString(c, part)
+				(*r).mu.Lock()
+				client := (*r).conns[0]
+				(*r).mu.Unlock()
+				want := int64(len(pooledResponse) + len(part))
+				for deadline := time.Now().Add(10 * time.Second); client.read.Load() < want && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				c.SetLinger(0)
+				c.Close()
+			},
+			wantOK: false, wantServed: 2, wantDialled: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r *pooledRig
+			r = newPooledRig(t, func(tr *http.Transport) http.RoundTripper { return retryUnread{tr} },
+				func(c *net.TCPConn, br *bufio.Reader) { tt.second(&r, c, br) })
+			if body, err := r.post(); err != nil || body != "ok" {
+				t.Fatalf("first request: %q, %v", body, err)
+			}
+			r.firstConn(t)
+			body, err := r.post()
+			if ok := err == nil && body == "ok"; ok != tt.wantOK {
+				t.Errorf("second request: %q, %v; want success %v", body, err, tt.wantOK)
+			}
+			if n := r.served.Load(); n != tt.wantServed {
+				t.Errorf("backend read %d requests in full, want %d", n, tt.wantServed)
+			}
+			if n := r.accepted.Load(); n != tt.wantDialled {
+				t.Errorf("backend accepted %d connections, want %d", n, tt.wantDialled)
+			}
+		})
+	}
+}
+
+// The backend closes an idle keep-alive connection just after the client's
+// check and just before the request reaches it: the client reads a FIN
+// where the answer should be, and then a reset, because the request reached
+// a closed socket and was never read. It is sent again and succeeds. (A FIN
+// with no reset after it is a backend that may have read the request: see
+// "closed after reading the request" above.)
+func TestRequestReachesClosedSocket(t *testing.T) {
+	closeNow := make(chan struct{})
+	r := newPooledRig(t, func(tr *http.Transport) http.RoundTripper { return retryUnread{tr} },
+		func(c *net.TCPConn, _ *bufio.Reader) {
+			<-closeNow
+			c.Close() // nothing unread yet: a FIN
+		})
+	if body, err := r.post(); err != nil || body != "ok" {
+		t.Fatalf("first request: %q, %v", body, err)
+	}
+	first := r.firstConn(t)
+	finArrived := make(chan error, 1)
+	first.beforeWrite = func() { // on the transport's writeLoop
+		close(closeNow)
+		finArrived <- reachTCPState(first, tcpCloseWait)
+	}
+	body, err := r.post()
+	if err := <-finArrived; err != nil {
+		t.Fatalf("the backend's FIN: %v", err)
+	}
+	if err != nil || body != "ok" {
+		t.Fatalf("request that reached a closed socket: %q, %v", body, err)
+	}
+	if n := r.served.Load(); n != 2 {
+		t.Errorf("backend read %d requests in full, want 2", n)
+	}
+	if n := r.accepted.Load(); n != 2 {
+		t.Errorf("backend accepted %d connections, want 2", n)
+	}
+}
+
+// BenchmarkStaleCheck is the cost the check adds to each request on a
+// pooled connection: the request-line scan and one non-blocking peek.
+func BenchmarkStaleCheck(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var p stateProbe
+	p.init(c)
+	line := []byte("POST /mcp HTTP/1.1\r\nHost: backend\r\nContent-Length: 2\r\n\r\n{}")
+	b.ReportAllocs()
+	for b.Loop() {
+		if startsRequest(line) && p.peerGone() {
+			b.Fatal("idle open connection reported gone")
+		}
+	}
+}
