@@ -809,7 +809,9 @@ func TestCacheClose(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			clock := newFakeClock()
-			c := session.NewCache(session.CacheOptions{Shared: sharedStore(t, srv, clock.Now, nil, 0), Now: clock.Now})
+			// A short flush at close: this test is about Close returning,
+			// not about what it writes (TestCacheCloseFlushesPending).
+			c := session.NewCache(session.CacheOptions{Shared: sharedStore(t, srv, clock.Now, nil, 0), Now: clock.Now, CloseTimeout: 200 * time.Millisecond})
 			if err := c.Create(t.Context(), rec("s")); err != nil {
 				t.Fatal(err)
 			}
@@ -824,7 +826,7 @@ func TestCacheClose(t *testing.T) {
 				}()
 				select {
 				case <-done:
-				case <-time.After(5 * time.Second):
+				case <-time.After(30 * time.Second): // a hang, not a slow machine
 					t.Fatalf("Close #%d did not return", i+1)
 				}
 			}
