@@ -19,13 +19,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tether-mcp/tether/hack/internal/tetherproc"
 )
 
 func main() {
@@ -36,23 +36,12 @@ func main() {
 	wait := flag.Duration("wait", 5*time.Second, "how long the requests are held before measuring")
 	flag.Parse()
 
-	listen, admin := freeAddr(), freeAddr()
-	cmd := exec.Command(*bin, "--backends", "http://127.0.0.1:1", "--listen", listen, "--admin-listen", admin, "--log-level", "error")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
+	proc, err := tetherproc.Start(*bin, "--backends", "http://127.0.0.1:1")
+	if err != nil {
 		panic(err)
 	}
-	defer cmd.Process.Kill()
-	for i := 0; ; i++ {
-		if resp, err := http.Get("http://" + admin + "/readyz"); err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if i > 200 {
-			panic("tether not ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	defer proc.Stop()
+	listen, admin := proc.Listen, proc.Admin
 	before := scrape(admin)
 
 	var mu sync.Mutex
@@ -111,15 +100,6 @@ func main() {
 	for _, pw := range bodies {
 		pw.Close()
 	}
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // scrape reads tether's /metrics into name → value (unlabelled series).

@@ -17,10 +17,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tether-mcp/tether/hack/internal/tetherproc"
 )
 
 func main() {
@@ -41,27 +42,16 @@ func main() {
 	}
 	go backend.Serve(bln)
 
-	listen, admin := freeAddr(), freeAddr()
-	args := []string{"--backends", "http://" + bln.Addr().String(), "--listen", listen, "--admin-listen", admin, "--log-level", "error"}
+	args := []string{"--backends", "http://" + bln.Addr().String()}
 	if !*old {
 		args = append(args, "--max-streams", "100000")
 	}
-	cmd := exec.Command(*bin, args...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
+	proc, err := tetherproc.Start(*bin, args...)
+	if err != nil {
 		panic(err)
 	}
-	defer cmd.Process.Kill()
-	for i := 0; ; i++ {
-		if resp, err := http.Get("http://" + admin + "/readyz"); err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if i > 200 {
-			panic("tether not ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	defer proc.Stop()
+	listen, admin, cmd := proc.Listen, proc.Admin, proc.Cmd
 	// Warm up: one stream opened and closed, so pools and code paths exist.
 	c := openStream(listen)
 	c.Close()
@@ -78,12 +68,6 @@ func main() {
 	for _, c := range conns {
 		c.Close()
 	}
-}
-
-func freeAddr() string {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func openStream(addr string) net.Conn {
