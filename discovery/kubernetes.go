@@ -258,10 +258,16 @@ func (p *publisher) publish(m Merged) {
 	if p.sent && len(changes) == 0 {
 		return
 	}
+	// The snapshot is applied before it is logged: a line saying an
+	// endpoint is gone means no new request can be sent to it.
+	last, first := p.last, !p.sent
+	p.sent = true
+	p.last = m
+	p.update(m.Snapshot)
 	for _, c := range changes {
 		pod := m.Pods[c.ID]
 		if pod == "" {
-			pod = p.last.Pods[c.ID]
+			pod = last.Pods[c.ID]
 		}
 		attrs := []any{"id", c.ID, "url", c.URL}
 		if pod != "" {
@@ -276,7 +282,7 @@ func (p *publisher) publish(m Merged) {
 			p.log.Info("endpoint state changed", append(attrs, "from", c.From.String(), "to", c.To.String())...)
 		}
 	}
-	if !p.sent {
+	if first {
 		ready, fenced := 0, 0
 		for _, e := range m.Snapshot.Endpoints {
 			if e.State == Ready {
@@ -287,9 +293,6 @@ func (p *publisher) publish(m Merged) {
 		}
 		p.log.Info("EndpointSlices synced", "ready", ready, "fenced", fenced)
 	}
-	p.sent = true
-	p.last = m
-	p.update(m.Snapshot)
 }
 
 // ChangeKind says how an endpoint differs between two snapshots.
