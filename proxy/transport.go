@@ -108,6 +108,10 @@ type backendConn struct {
 	// byte read after it. Writes come from the transport's writeLoop and
 	// reads from its readLoop, hence the atomic.
 	unanswered atomic.Bool
+	// written is cleared when a request starts and set once its first
+	// write has returned: a FIN read before then says nothing yet of where
+	// the request went (see awaitWritten).
+	written atomic.Bool
 }
 
 // Write refuses the first write of a request on a connection the backend
@@ -118,7 +122,11 @@ func (c *backendConn) Write(p []byte) (int, error) {
 			return 0, errStaleConn
 		}
 		// Before the write: the answer may be read before Write returns.
+		c.written.Store(false)
 		c.unanswered.Store(true)
+		n, err := c.Conn.Write(p)
+		c.written.Store(true)
+		return n, err
 	}
 	return c.Conn.Write(p)
 }
@@ -131,11 +139,32 @@ func (c *backendConn) Read(p []byte) (int, error) {
 			c.unanswered.Store(false)
 		}
 	} else if err != nil && c.unanswered.Load() {
-		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && c.probe.resetFollows()) {
+		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && c.awaitWritten() && c.probe.resetFollows()) {
 			return n, &unreadRequestError{err}
 		}
 	}
 	return n, err
+}
+
+// maxWriteWait bounds how long an EOF in place of an answer waits for the
+// request's write to return. The readLoop can see the backend's FIN before
+// the transport's writeLoop, on a loaded machine, has even written the
+// request; the reset that tells "unread" from "read" follows that write.
+const maxWriteWait = time.Second
+
+// awaitWritten waits until the current request's first write has returned
+// (at most maxWriteWait), so that a reset it provokes can be seen; it
+// reports false when the write never returned in time.
+func (c *backendConn) awaitWritten() bool {
+	pause := 50 * time.Microsecond
+	for deadline := time.Now().Add(maxWriteWait); !c.written.Load(); {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
+	}
+	return true
 }
 
 // unreadRequestError is a connection reset that came, instead of any byte
