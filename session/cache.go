@@ -406,6 +406,8 @@ func (c *Cache) load(ctx context.Context, sid string, cached *cacheEntry, now ti
 		switch rerr := c.shared.Restore(ctx, withLastUsed(cached.rec, time.Unix(0, cached.lastUsed.Load()))); {
 		case errors.Is(rerr, ErrExists):
 			return nil, c.collision(cached.rec)
+		case errors.Is(rerr, ErrDeleted):
+			return nil, c.deletedMeanwhile(cached.rec)
 		case rerr != nil:
 			c.outage(rerr)
 			return cached.rec, nil
@@ -446,6 +448,14 @@ func (c *Cache) adopt(rec *Record) *Record {
 // backends minted the same id. Redis's session is kept; this one is
 // dropped here and reported lost (ErrNotFound) rather than routed to the
 // other session's backend.
+// deletedMeanwhile drops the local copy of a session that a write-back
+// found deleted in Redis (another replica ended it meanwhile).
+func (c *Cache) deletedMeanwhile(r *Record) error {
+	c.takePending(r.ClientSID)
+	c.Invalidate(r.ClientSID)
+	return ErrNotFound
+}
+
 func (c *Cache) collision(r *Record) error {
 	c.collisions.Add(1)
 	c.takePending(r.ClientSID)
@@ -577,6 +587,8 @@ func (c *Cache) touchLoop(ctx context.Context) {
 					switch rerr := c.shared.Restore(ctx, withLastUsed(e.rec, now)); {
 					case errors.Is(rerr, ErrExists):
 						c.collision(e.rec)
+					case errors.Is(rerr, ErrDeleted):
+						c.deletedMeanwhile(e.rec)
 					case rerr != nil:
 						c.outage(rerr)
 						c.addPending(withLastUsed(e.rec, now))
@@ -696,6 +708,9 @@ func (c *Cache) flushOne(ctx context.Context, sid string) error {
 	switch err := c.shared.Restore(ctx, r); {
 	case errors.Is(err, ErrExists):
 		return c.collision(r)
+	case errors.Is(err, ErrDeleted):
+		c.deletedMeanwhile(r)
+		return nil
 	case err != nil:
 		return err
 	}
@@ -1028,6 +1043,8 @@ func (c *Cache) writeBackOnce(ctx context.Context, before int64) {
 			c.dropPending(items[i].rec)
 		case errors.Is(err, ErrExists):
 			c.collision(items[i].rec)
+		case errors.Is(err, ErrDeleted):
+			c.deletedMeanwhile(items[i].rec)
 		default:
 			failed++
 			cause = err
@@ -1170,6 +1187,8 @@ func (c *Cache) flushAtClose() {
 				c.dropPending(recs[i])
 			case errors.Is(err, ErrExists):
 				c.collision(recs[i]) // counted and logged there
+			case errors.Is(err, ErrDeleted):
+				c.deletedMeanwhile(recs[i])
 			default:
 				left = append(left, recs[i])
 				cause = err

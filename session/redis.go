@@ -236,8 +236,8 @@ const maxMillis = 1 << 53
 
 // decode builds a record from its hash, checking every field it uses.
 func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
-	if len(f) == 0 {
-		return nil, ErrNotFound
+	if len(f) == 0 || f["d"] != "" {
+		return nil, ErrNotFound // absent, or a tombstone (see tombstoneTTL)
 	}
 	var bad string
 	num := func(k string, limit int64) int64 {
@@ -354,6 +354,7 @@ func (r *Redis) writeArgs(rec *Record, created, last, exp time.Time, ttl time.Du
 // returned. It returns 1 when it wrote the record.
 // Same KEYS and ARGV as createScript.
 var restoreScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'd') == 1 then return 3 end
 local f = redis.call('HMGET', KEYS[1], 'b', 'e', 'c', 'i', 'p')
 local e = tonumber(f[2])
 if f[1] and e and e > tonumber(ARGV[14]) then
@@ -392,6 +393,8 @@ func restoreResult(n int64, err error) error {
 		return nil
 	case n == 2:
 		return ErrExists
+	case n == 3:
+		return ErrDeleted
 	}
 	return badReply("restore script returned %d", n)
 }
@@ -637,12 +640,25 @@ local all = redis.call('HGETALL', KEYS[1])
 if #all == 0 then return all end
 local b = redis.call('HGET', KEYS[1], 'b')
 redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'd', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 if b then redis.call('ZREM', ARGV[1] .. b, ARGV[2]) end
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 return all
 `)
 
-// Delete removes a record and returns it.
+// ErrDeleted reports a write-back (Restore) of a session that was deleted
+// meanwhile: the record is not written, and the caller drops its copy.
+var ErrDeleted = errors.New("session: deleted meanwhile")
+
+// tombstoneTTL is how long a deleted session's key keeps a tombstone (the
+// field d) instead of vanishing: long enough that no write-back of a copy
+// cached elsewhere (after Redis lost its data, or an outage) can bring the
+// session back. A Create with the same id replaces it.
+const tombstoneTTL = time.Minute
+
+// Delete removes a record and returns it. Its key is left as a tombstone
+// for tombstoneTTL.
 func (r *Redis) Delete(ctx context.Context, clientSID string) (*Record, error) {
 	return r.del(ctx, clientSID, r.timeout)
 }
@@ -653,7 +669,7 @@ func (r *Redis) del(ctx context.Context, clientSID string, d time.Duration) (_ *
 	ctx, cancel := r.call(ctx, d)
 	defer cancel()
 	cmd := deleteScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
-		r.backendPrefix(), clientSID, r.channel())
+		r.backendPrefix(), clientSID, r.channel(), tombstoneTTL.Milliseconds())
 	if err := cmd.Err(); err != nil {
 		return nil, unavailable(err)
 	}

@@ -205,3 +205,39 @@ func TestRedisOutageIsBounded(t *testing.T) {
 		srv.Thaw()
 	}
 }
+
+// Regression: a session deleted through one replica while another was
+// writing back its cached copy (after Redis lost its data) came back. A
+// delete leaves a tombstone that refuses write-backs; a new session may
+// still take the id.
+func TestRedisDeleteLeavesTombstone(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newRedisStore(t, srv, session.RedisOptions{})
+	ctx := t.Context()
+	r := &session.Record{ClientSID: "gone", BackendID: "b1", BackendURL: "http://b1", BackendSID: "gone", Init: []byte(`{}`)}
+	if err := s.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	cached, err := s.Get(ctx, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restore(ctx, cached); !errors.Is(err, session.ErrDeleted) {
+		t.Fatalf("Restore of a deleted session = %v, want ErrDeleted", err)
+	}
+	if got, err := s.Get(ctx, "gone"); !errors.Is(err, session.ErrNotFound) {
+		t.Fatalf("Get after Delete and a write-back = %v, %v; want ErrNotFound", got, err)
+	}
+	if _, err := s.Delete(ctx, "gone"); !errors.Is(err, session.ErrNotFound) {
+		t.Fatalf("second Delete = %v, want ErrNotFound", err)
+	}
+	if err := s.Create(ctx, r); err != nil {
+		t.Fatalf("Create over a tombstone = %v, want nil", err)
+	}
+	if _, err := s.Get(ctx, "gone"); err != nil {
+		t.Fatalf("Get of the new session = %v", err)
+	}
+}
