@@ -61,11 +61,12 @@ func (p *stateProbe) peekFD(fd uintptr) {
 // reset that shows the request reached a socket the backend had already
 // closed. The reset trails the FIN by less than one round trip (the request
 // left before the FIN arrived, or the write check would have refused it):
-// microseconds on a node, about a millisecond across a cluster network, a
-// few milliseconds when a busy kernel defers packet processing. Only an
-// ambiguous close (a crash after reading the request) waits it out before
-// its 502.
-const resetWait = 20 * time.Millisecond
+// microseconds on a node, about a millisecond across a cluster network,
+// but tens of milliseconds when a busy node leaves packet processing to
+// ksoftirqd (seen with 20 ms: 1 error in 50 crashes beside CPU hogs). Only
+// an ambiguous close (a crash after reading the request) waits it out
+// before its 502, so the bound is generous.
+const resetWait = 250 * time.Millisecond
 
 // tcpClose is TCP_CLOSE in include/net/tcp_states.h: a connection in
 // CLOSE_WAIT (FIN received) moves there when a reset arrives.
