@@ -200,6 +200,18 @@ func isUnread(err error) bool {
 	return errors.As(err, &unread)
 }
 
+// closedWhileIdle reports net/http's errServerClosedIdle ("http: server
+// closed idle connection", unexported, so matched by its text): the
+// transport's readLoop saw the backend close the connection while no
+// request was expected on it, that is before this request was handed to
+// the writeLoop. The backend closed before the request could reach it, so
+// the request was never processed. net/http itself retries only idempotent
+// requests on it; tether sends its POSTs again too (seen with SIGKILLed
+// backends on a loaded node: 1 call in 50 crashes).
+func closedWhileIdle(err error) bool {
+	return err != nil && strings.HasSuffix(err.Error(), "http: server closed idle connection")
+}
+
 // maxUnreadRetries bounds how often retryUnread sends one request again.
 const maxUnreadRetries = 2
 
@@ -215,7 +227,7 @@ type retryUnread struct{ next http.RoundTripper }
 func (r retryUnread) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := r.next.RoundTrip(req)
 	for range maxUnreadRetries {
-		if err == nil || !isUnread(err) || req.Context().Err() != nil {
+		if err == nil || !(isUnread(err) || closedWhileIdle(err)) || req.Context().Err() != nil {
 			break
 		}
 		if req.Body != nil && req.Body != http.NoBody {
