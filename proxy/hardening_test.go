@@ -521,11 +521,7 @@ func TestCollidingSessionIDsNeverChangeHands(t *testing.T) {
 		}
 		return nil
 	})
-	var counted int64
-	for _, ep := range h.bal.Endpoints() {
-		counted += ep.Sessions()
-	}
-	if counted != 2 {
+	if counted := h.countedSessions(); counted != 2 {
 		t.Errorf("%d sessions counted on the endpoints, want 2", counted)
 	}
 }

@@ -250,3 +250,11 @@ func (h *harness) post(sid, body string, hdr ...string) *http.Response {
 	}
 	return resp
 }
+
+// countedSessions is the balancer's live-session count over all endpoints.
+func (h *harness) countedSessions() (n int64) {
+	for _, ep := range h.bal.Endpoints() {
+		n += ep.Sessions()
+	}
+	return n
+}
