@@ -33,7 +33,7 @@ conformance:
 # Go micro-benchmarks of the hot paths (pick, session lookup, the request
 # path), with allocations.
 microbench:
-	$(GO) test -run '^$$' -bench . -benchmem ./balancer/ ./session/ ./proxy/
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/balancer/ ./internal/session/ ./internal/proxy/
 
 # The benchmark report (bench/README.md): the seed bug in network namespaces
 # with kube-proxy's iptables rules, overhead against direct/nginx/HAProxy,
@@ -46,8 +46,8 @@ bench-full bench-report-full:
 	$(GO) run ./bench/cmd/tetherbench -full -out bench/results -readme bench/README.md
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./proxy/
-	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./internal/proxy/
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether

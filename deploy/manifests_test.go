@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/tether-mcp/tether/inject"
+	"github.com/tether-mcp/tether/internal/inject"
 )
 
 var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()

@@ -13,9 +13,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/tether-mcp/tether/proxy"
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // adminLookupTimeout bounds a debug request's session store read.
@@ -97,10 +97,10 @@ func (s *server) debugSession(w http.ResponseWriter, r *http.Request) {
 	v := sessionView{
 		Session: recordView{
 			ID:                   rec.ClientSID,
-			IDHash:               proxy.HashSessionID(rec.ClientSID),
+			IDHash:               session.HashID(rec.ClientSID),
 			BackendID:            rec.BackendID,
 			BackendURL:           rec.BackendURL,
-			BackendSessionIDHash: proxy.HashSessionID(rec.BackendSID),
+			BackendSessionIDHash: session.HashID(rec.BackendSID),
 			InitializeBytes:      len(rec.Init),
 			ProtocolVersion:      protocolVersion(rec),
 			Created:              rec.Created,

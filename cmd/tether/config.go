@@ -14,11 +14,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tether-mcp/tether/balancer"
-	"github.com/tether-mcp/tether/discovery"
-	"github.com/tether-mcp/tether/proxy"
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // config is the serve command's configuration (DESIGN §6). Every flag can

@@ -25,10 +25,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/tether-mcp/tether/balancer"
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
-	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tether-mcp/tether/balancer"
+	"github.com/tether-mcp/tether/internal/balancer"
 )
 
 // The demo runs end to end with every balancer: it returns nil, which means

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/internal/proxy"
 )
 
 // adminRequestTimeout bounds one request to the admin listener.

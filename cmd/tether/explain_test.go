@@ -17,7 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
-	"github.com/tether-mcp/tether/proxy"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 // explainFixture is tether in front of two go-sdk backends with one live
@@ -179,7 +179,7 @@ func TestExplainLiveSession(t *testing.T) {
 	t.Logf("tether explain:\n%s", out)
 	for _, want := range []string{
 		"session   " + sid,
-		"mcp.session.id=" + proxy.HashSessionID(sid),
+		"mcp.session.id=" + session.HashID(sid),
 		"lives on  " + f.home.URL() + "  ready, 1 session, ",
 		"protocol 2025-", // the version the go-sdk client asked for
 		"re-initialized      0 times",
@@ -360,7 +360,7 @@ func TestDebugSessionJSON(t *testing.T) {
 	if err := json.Unmarshal(body, &v); err != nil {
 		t.Fatal(err)
 	}
-	if v.Session.ID != sid || v.Session.IDHash != proxy.HashSessionID(sid) || v.Session.InitializeBytes == 0 ||
+	if v.Session.ID != sid || v.Session.IDHash != session.HashID(sid) || v.Session.InitializeBytes == 0 ||
 		v.Session.Version != 1 || v.Session.BackendURL != f.home.URL() || v.Session.ProtocolVersion == "" {
 		t.Errorf("session: %+v", v.Session)
 	}

@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tether-mcp/tether/inject"
+	"github.com/tether-mcp/tether/internal/inject"
 )
 
 // tether inject [flags] [FILE|-]...: adds the tether sidecar to the

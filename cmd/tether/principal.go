@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/tether-mcp/tether/session"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 // minPrincipalKey is the shortest accepted key of the principal digests:

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/redistest"
 )
 

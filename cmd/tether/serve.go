@@ -13,11 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-mcp/tether/balancer"
-	"github.com/tether-mcp/tether/discovery"
-	"github.com/tether-mcp/tether/proxy"
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // newLogger builds the process logger from validated settings.

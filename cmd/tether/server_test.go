@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/discovery"
 )
 
 // startServer runs tether on ephemeral loopback ports in front of backends.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/discovery"
 )
 
 // TestMain lets the test binary stand in for the tether binary, so that

@@ -5,7 +5,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/discovery"
 )
 
 // newSource builds the endpoint source the configuration names: a static

@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // newStore builds the session store: the embedded memory store, or Redis

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // --max-sessions and --max-session-init-bytes bound the memory store, and

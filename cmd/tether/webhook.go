@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-mcp/tether/inject"
+	"github.com/tether-mcp/tether/internal/inject"
 )
 
 // tether webhook: the mutating admission webhook that adds the sidecar to

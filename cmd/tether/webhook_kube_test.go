@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/tether-mcp/tether/inject"
+	"github.com/tether-mcp/tether/internal/inject"
 	"github.com/tether-mcp/tether/internal/kubetest"
 )
 

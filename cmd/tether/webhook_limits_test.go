@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/inject"
+	"github.com/tether-mcp/tether/internal/inject"
 )
 
 // The webhook refuses a review over the API server's own 3 MiB cap with

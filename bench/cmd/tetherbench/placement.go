@@ -9,9 +9,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tether-mcp/tether/balancer"
 	"github.com/tether-mcp/tether/bench/internal/svg"
-	"github.com/tether-mcp/tether/discovery"
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
 )
 
 // Placement quality is an in-process, single-threaded, discrete-event

@@ -15,11 +15,11 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/tether-mcp/tether/balancer"
-	"github.com/tether-mcp/tether/discovery"
-	"github.com/tether-mcp/tether/proxy"
-	"github.com/tether-mcp/tether/session"
-	"github.com/tether-mcp/tether/telemetry"
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
 // profiledTetherCommand is tether wired in-process the way cmd/tether's

@@ -1,0 +1,99 @@
+package balancer
+
+import (
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-mcp/tether/internal/discovery"
+)
+
+// Endpoint is the balancer's long-lived view of one discovery endpoint.
+//
+// A Balancer keeps the same *Endpoint for an ID across Update calls, so the
+// load counters survive endpoint-set rebuilds and callers may hold the pointer
+// for the length of a request or a session. ID and URL never change after
+// creation; everything else is safe for concurrent use. A zero Endpoint with
+// ID and URL set is usable on its own (Ready, no load), which is handy for
+// tests of code that takes an *Endpoint.
+type Endpoint struct {
+	// ID is the discovery identity (pod UID plus address, or the static URL).
+	ID string
+	// URL is the base URL requests are forwarded to. Callers must not modify it.
+	URL *url.URL
+
+	urlString string // URL.String(), computed once: String is used in logs and labels
+
+	state    atomic.Uint32 // a discovery.State; rewritten by Update when the ID stays
+	inflight atomic.Int64
+	sessions atomic.Int64
+	ejected  atomic.Bool // written with Balancer.mu held, read anywhere
+
+	// Passive health bookkeeping, guarded by Balancer.mu.
+	ejections    int       // consecutive ejections since the last readmission
+	ejectedUntil time.Time // when the backoff ends and the endpoint may be probed
+	probing      bool      // a probe is running; keeps overlapping probe rounds apart
+}
+
+func newEndpoint(de discovery.Endpoint) *Endpoint {
+	e := &Endpoint{ID: de.ID, URL: de.URL}
+	if de.URL != nil {
+		e.urlString = de.URL.String()
+	} else {
+		e.urlString = de.ID
+	}
+	e.state.Store(uint32(de.State))
+	return e
+}
+
+// State is the endpoint's state in the latest snapshot that contained it.
+func (e *Endpoint) State() discovery.State { return discovery.State(e.state.Load()) }
+
+// Inflight is the number of requests currently being forwarded to the
+// endpoint (Begin minus End).
+func (e *Endpoint) Inflight() int64 { return e.inflight.Load() }
+
+// Sessions is the number of live MCP sessions the routing layer has placed on
+// the endpoint. It is this process's view only: sessions created by other
+// tether replicas, or expired in a shared store without this process noticing,
+// are not counted, so treat it as a load signal, not an inventory.
+func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
+
+// Load is the score the load-aware pickers minimise: sessions + inflight,
+// weighted 1:1.
+//
+// The two terms measure different horizons in the same unit. A session is
+// committed future work (its later requests and usually a long-lived GET
+// stream must come back to this endpoint), so it is what placement of a new
+// session should balance; in-flight requests are the work happening now, the
+// only signal for stateless traffic and the one that reacts first when an
+// endpoint slows down (its requests pile up). With 1:1 the session count
+// dominates at steady state, where sessions outnumber concurrent requests,
+// and in-flight requests break ties and steer away from a stalled endpoint.
+// Any other ratio would be a tuning constant without a measurement behind it,
+// and integer addition keeps the comparison exact and cheap.
+func (e *Endpoint) Load() int64 { return e.sessions.Load() + e.inflight.Load() }
+
+// Begin records that a request is being forwarded to the endpoint. Pair every
+// Begin with exactly one End, typically `e.Begin(); defer e.End()`.
+func (e *Endpoint) Begin() { e.inflight.Add(1) }
+
+// End records that a request begun with Begin has finished.
+func (e *Endpoint) End() { e.inflight.Add(-1) }
+
+// AddSessions adjusts the live session count: +1 when a session is created on
+// the endpoint, -1 when it is deleted, expires or moves elsewhere.
+func (e *Endpoint) AddSessions(n int64) { e.sessions.Add(n) }
+
+// Ejected reports whether passive health checking currently keeps the
+// endpoint out of picks (a dial to it failed and a probe has not yet
+// succeeded).
+func (e *Endpoint) Ejected() bool { return e.ejected.Load() }
+
+// String returns the endpoint's base URL.
+func (e *Endpoint) String() string {
+	if e.urlString == "" && e.URL != nil {
+		return e.URL.String() // an Endpoint built by hand rather than by Update
+	}
+	return e.urlString
+}
