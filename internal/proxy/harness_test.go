@@ -23,6 +23,7 @@ import (
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // harness is tether in front of real go-sdk MCP backends, on loopback.
@@ -67,18 +68,8 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if o.backends == 0 {
 		o.backends = 3
 	}
-	var backends []*mcpbackend.Backend
-	var urls []string
-	for i := range o.backends {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		backends = append(backends, b)
-		urls = append(urls, b.URL())
-	}
-	h := newTether(t, urls, o)
+	backends := testkit.StartBackends(t, o.backends)
+	h := newTether(t, testkit.URLs(backends), o)
 	h.backends = backends
 	return h
 }
@@ -165,7 +156,7 @@ type recordingBackend struct {
 
 func newRecordingBackend(t *testing.T, handle func(r *http.Request)) *recordingBackend {
 	rb := &recordingBackend{}
-	rb.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	rb.Server = testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		rb.mu.Lock()
 		rb.requests = append(rb.requests, r.Clone(context.Background()))
@@ -177,7 +168,6 @@ func newRecordingBackend(t *testing.T, handle func(r *http.Request)) *recordingB
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	}))
-	t.Cleanup(rb.Close)
 	return rb
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // fleet is several tether replicas sharing one Redis, in front of the same
@@ -32,16 +33,8 @@ type fleet struct {
 func newFleet(t *testing.T, replicas, backends int, o harnessOptions) *fleet {
 	t.Helper()
 	f := &fleet{redis: redistest.Start(t)}
-	var urls []string
-	for i := range backends {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		f.backends = append(f.backends, b)
-		urls = append(urls, b.URL())
-	}
+	f.backends = testkit.StartBackends(t, backends)
+	urls := testkit.URLs(f.backends)
 	o.redis = f.redis
 	for range replicas {
 		h := newTether(t, urls, o)
