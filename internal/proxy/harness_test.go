@@ -193,15 +193,26 @@ func assertHealthyStatic(t *testing.T, h *harness) {
 
 func (h *harness) endpoint() string { return h.front.URL + "/mcp" }
 
-// connect opens a go-sdk client session through tether.
+// connect opens a go-sdk client session through tether, on the test
+// goroutine (it fails the test on error).
 func (h *harness) connect(ctx context.Context) *mcp.ClientSession {
 	h.t.Helper()
+	cs, err := h.tryConnect(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return cs
+}
+
+// tryConnect is connect for goroutines the test starts: it returns the
+// error for the test goroutine to report.
+func (h *harness) tryConnect(ctx context.Context) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1.0.0"}, nil)
 	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.endpoint()}, nil)
 	if err != nil {
-		h.t.Fatalf("connect through tether: %v", err)
+		return nil, fmt.Errorf("connect through tether: %w", err)
 	}
-	return cs
+	return cs, nil
 }
 
 // whoami calls the whoami tool and returns the backend's name.
@@ -219,12 +230,23 @@ func (h *harness) backend(name string) *mcpbackend.Backend {
 	return nil
 }
 
-// post sends a raw JSON-RPC POST through tether.
+// post sends a raw JSON-RPC POST through tether, on the test goroutine
+// (it fails the test on error).
 func (h *harness) post(sid, body string, hdr ...string) *http.Response {
 	h.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, h.endpoint(), stringsReader(body))
+	resp, err := h.tryPost(sid, body, hdr...)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// tryPost is post for goroutines the test starts: it returns the error for
+// the test goroutine to report.
+func (h *harness) tryPost(sid, body string, hdr ...string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, h.endpoint(), stringsReader(body))
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -234,11 +256,7 @@ func (h *harness) post(sid, body string, hdr ...string) *http.Response {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return resp
+	return http.DefaultClient.Do(req)
 }
 
 // countedSessions is the balancer's live-session count over all endpoints.
