@@ -35,11 +35,14 @@ import (
 //     body calls a stopper or a function that may stop, outside the code it
 //     hands to other goroutines (below) or to t.Run and t.Cleanup, which run
 //     it where FailNow is allowed. Calls resolve by name: f() to f in the
-//     same package, pkg.F() to F in that repository package, x.m() to any
-//     method m declared in the same package or in a repository package the
-//     file imports, whatever x's type (a false positive is cheap to avoid
-//     by renaming; a false negative is a hung or falsely green test). A
-//     local `name := func...` that may stop counts too.
+//     same package, pkg.F() to F in that repository package, x.m() to T's
+//     method m when x is plainly a T (the receiver, a parameter,
+//     x := &T{...}, var x T), and otherwise to any method m declared in
+//     the same package or in a repository package the file imports,
+//     whatever x's type: a false positive is cheap to avoid by renaming, a
+//     false negative is a hung or falsely green test. A local
+//     `name := func...` that may stop counts too; a function value passed
+//     in as a parameter is not followed.
 //   - Code off the test goroutine is: the function of a `go` statement,
 //     function literals passed to a method named Go (errgroup.Group.Go,
 //     sync.WaitGroup.Go) or to time.AfterFunc, and function literals with
@@ -138,8 +141,10 @@ type repoIndex struct {
 	modules map[string]string // module root dir -> module path
 	files   []*repoFile
 	// decls are the repository's functions and methods by key: "pkg.F"
-	// for functions, "pkg.(M)" for every method named M in pkg.
-	decls   map[string][]*ast.FuncDecl
+	// for a function, "pkg.(T.M)" for T's method M.
+	decls map[string][]*ast.FuncDecl
+	// mayStop holds the keys of decls that may stop, and "pkg.(M)" when
+	// any method named M in pkg may.
 	mayStop map[string]bool
 	// declFile maps each declaration to its file.
 	declFile map[*ast.FuncDecl]*repoFile
@@ -371,12 +376,12 @@ func (r *repoIndex) bodyMayStop(sc *scope, body ast.Node) string {
 			if elsewhere := r.offGoroutineArgs(sc.f, n); len(elsewhere) > 0 || isSelector(n.Fun, "Run", "Cleanup") {
 				// Walk the call's other parts, not the literals it
 				// hands to another goroutine or to t.Run/t.Cleanup.
-				ast.Inspect(n.Fun, func(m ast.Node) bool { return found == "" && r.inspectCall(sc, m, &found) })
+				found = r.bodyMayStop(sc, n.Fun)
 				for _, a := range n.Args {
 					if _, lit := a.(*ast.FuncLit); lit {
 						continue
 					}
-					if s := r.bodyMayStop(sc, a); s != "" {
+					if s := r.bodyMayStop(sc, a); s != "" && found == "" {
 						found = s
 					}
 				}
@@ -386,16 +391,6 @@ func (r *repoIndex) bodyMayStop(sc *scope, body ast.Node) string {
 		return true
 	})
 	return found
-}
-
-func (r *repoIndex) inspectCall(sc *scope, n ast.Node, found *string) bool {
-	if c, ok := n.(*ast.CallExpr); ok {
-		if s := r.callMayStop(sc, c); s != "" {
-			*found = s
-			return false
-		}
-	}
-	return true
 }
 
 // callMayStop names call when it may stop the goroutine that makes it.
