@@ -19,32 +19,38 @@ func TestBinaryDependencies(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command")
 	}
-	// The image's platform and build settings (Dockerfile): what users run.
-	cmd := exec.Command(goCmd, "list", "-deps", "-f", "{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}", ".")
-	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=amd64", "CGO_ENABLED=0")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	modules := map[string]bool{}
-	for line := range strings.Lines(string(out)) {
-		pkg, module, _ := strings.Cut(strings.TrimSpace(line), " ")
-		for _, bad := range forbiddenPackages {
-			if pkg == bad || strings.HasPrefix(pkg, bad+"/") {
-				t.Errorf("the binary links %s, which is for tests or benchmarks only", pkg)
+	// The full binary, and the sidecar's build (-tags tether_sidecar), which
+	// links a subset.
+	for _, tags := range []string{"", "tether_sidecar"} {
+		t.Run("tags="+tags, func(t *testing.T) {
+			// The image's platform and build settings (Dockerfile).
+			cmd := exec.Command(goCmd, "list", "-deps", "-tags", tags, "-f", "{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}", ".")
+			cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=amd64", "CGO_ENABLED=0")
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("go list -deps: %v", err)
 			}
-		}
-		if module != "" {
-			modules[module] = true
-		}
-	}
-	for module := range modules {
-		if !slices.Contains(allowedModules, module) {
-			t.Errorf("the binary links a new module, %s: if it is meant to, add it to allowedModules", module)
-		}
-	}
-	if len(modules) < 10 {
-		t.Fatalf("go list found only %d modules: the listing is broken\n%s", len(modules), out)
+			modules := map[string]bool{}
+			for line := range strings.Lines(string(out)) {
+				pkg, module, _ := strings.Cut(strings.TrimSpace(line), " ")
+				for _, bad := range forbiddenPackages {
+					if pkg == bad || strings.HasPrefix(pkg, bad+"/") {
+						t.Errorf("the binary links %s, which is for tests or benchmarks only", pkg)
+					}
+				}
+				if module != "" {
+					modules[module] = true
+				}
+			}
+			for module := range modules {
+				if !slices.Contains(allowedModules, module) {
+					t.Errorf("the binary links a new module, %s: if it is meant to, add it to allowedModules", module)
+				}
+			}
+			if len(modules) < 10 {
+				t.Fatalf("go list found only %d modules: the listing is broken\n%s", len(modules), out)
+			}
+		})
 	}
 }
 
