@@ -432,7 +432,7 @@ func TestCacheTouchRateLimit(t *testing.T) {
 			t.Fatalf("Touch at +%v: %v", tt.at, err)
 		}
 		if tt.refreshes > a.cmds.n.Load() {
-			testkit.Eventually(t, 10*time.Second, func() bool { return a.cmds.n.Load() >= tt.refreshes }, "%s", "refresh at +"+tt.at.String())
+			testkit.Eventually(t, 10*time.Second, func() bool { return a.cmds.n.Load() >= tt.refreshes }, "refresh at +%v", tt.at)
 		}
 		if got := a.cmds.n.Load(); got != tt.refreshes {
 			t.Fatalf("after a Touch at +%v: %d refreshes, want %d", tt.at, got, tt.refreshes)
@@ -761,7 +761,7 @@ func TestCacheRedisRestartedEmpty(t *testing.T) {
 			}
 			_, err = other.Get(ctx, id)
 			return err == nil
-		}, "%s", id+" written back")
+		}, "%s written back", id)
 	}
 
 	waitSubscribed(t, raw, 2) // resubscribed after the restart
