@@ -19,13 +19,18 @@ test: check kube-env unit conformance
 kube-env:
 	GO=$(GO) bash hack/kube-env.sh
 
+# bench/ is a module of its own (its load generator's dependencies stay out
+# of tether's go.mod): every Go step runs in both modules.
 check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 	$(GO) mod tidy -diff
+	cd bench && $(GO) mod tidy -diff
 
 unit:
 	$(GO) test -race -count=1 ./...
+	cd bench && $(GO) test -race -count=1 ./...
 
 conformance:
 	bash hack/conformance.sh
@@ -40,10 +45,10 @@ microbench:
 # failover, placement. Under 5 minutes on 2 cores; -full runs longer.
 # Installs nginx, haproxy, redis-server and iptables with apt when missing.
 bench bench-report:
-	$(GO) run ./bench/cmd/tetherbench -out bench/results -readme bench/README.md
+	cd bench && $(GO) run ./cmd/tetherbench -out results -readme README.md
 
 bench-full bench-report-full:
-	$(GO) run ./bench/cmd/tetherbench -full -out bench/results -readme bench/README.md
+	cd bench && $(GO) run ./cmd/tetherbench -full -out results -readme README.md
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./internal/proxy/

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // buildTether compiles ./cmd/tether (with -race when this test runs with
@@ -56,7 +56,7 @@ type tetherProc struct {
 
 func startTether(t *testing.T, bin string, args ...string) *tetherProc {
 	t.Helper()
-	p := &tetherProc{t: t, listen: freeAddr(t), admin: freeAddr(t), done: make(chan struct{}), grew: make(chan struct{})}
+	p := &tetherProc{t: t, listen: testkit.FreeAddr(t), admin: testkit.FreeAddr(t), done: make(chan struct{}), grew: make(chan struct{})}
 	args = append([]string{"serve", "--listen", p.listen, "--admin-listen", p.admin, "--log-format", "json", "--log-level", "debug"}, args...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_HOST=")
@@ -186,16 +186,6 @@ func (p *tetherProc) waitStatus(path string, want int, timeout time.Duration) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	p.t.Fatalf("%s: status %d after %s, want %d", path, got, timeout, want)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // session is one go-sdk client session through tether.

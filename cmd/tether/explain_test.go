@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // explainFixture is tether in front of two go-sdk backends with one live
@@ -45,16 +45,11 @@ func newExplainFixture(t *testing.T) *explainFixture {
 func startExplainFixture(t *testing.T, transport *mcp.StreamableClientTransport) *explainFixture {
 	t.Helper()
 	f := &explainFixture{backends: map[string]*mcpbackend.Backend{}}
-	var urls []string
-	for i := range 2 {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
+	started := testkit.StartBackends(t, 2)
+	for _, b := range started {
 		f.backends[b.Name] = b
-		urls = append(urls, b.URL())
 	}
+	urls := testkit.URLs(started)
 	f.s = startServerPrepared(t, nil, func(s *server) {
 		s.transport.DialContext = f.backendConns.dialer(s.transport.DialContext)
 		handler := s.client.Handler
@@ -94,7 +89,7 @@ func startExplainFixture(t *testing.T, transport *mcp.StreamableClientTransport)
 // decision before.
 func (f *explainFixture) settle(t *testing.T) {
 	t.Helper()
-	waitFor(t, "tether to finish the client's requests", func() bool { return f.finished.Load() >= f.sent.Load() })
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.finished.Load() >= f.sent.Load() }, "tether to finish the client's requests")
 }
 
 // connCounter counts the open connections a transport has dialled, by
@@ -219,7 +214,7 @@ func TestExplainAfterReinitialization(t *testing.T) {
 	// FIN tether had not processed yet would fail after it was sent (issue
 	// 10, item 11): a race of its own, not what this test is about. The
 	// next request dials, is refused, and moves the session.
-	waitFor(t, "tether's connections to the killed backend closed", func() bool { return f.backendConns.open(from.Addr) == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.backendConns.open(from.Addr) == 0 }, "tether's connections to the killed backend closed")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if name, err := mcpbackend.Whoami(ctx, f.cs); err != nil || name != to.Name {
@@ -307,8 +302,8 @@ func TestExplainErrors(t *testing.T) {
 		{"id with a slash", []string{"explain", "a/b", "--admin", f.admin}, `session "a/b" not found`},
 		{"no id", []string{"explain", "--admin", f.admin}, "want one SESSION_ID"},
 		{"two ids", []string{"explain", "a", "b", "--admin", f.admin}, "want one SESSION_ID"},
-		{"admin unreachable", []string{"explain", f.cs.ID(), "--admin", unusedAddr(t)}, "unreachable"},
-		{"status, admin unreachable", []string{"status", "--admin", unusedAddr(t)}, "unreachable"},
+		{"admin unreachable", []string{"explain", f.cs.ID(), "--admin", testkit.FreeAddr(t)}, "unreachable"},
+		{"status, admin unreachable", []string{"status", "--admin", testkit.FreeAddr(t)}, "unreachable"},
 		{"bad admin", []string{"status", "--admin", "nonsense"}, "--admin"},
 		{"not tether", []string{"status", "--admin", f.admin + "/healthz"}, "404"},
 	} {
@@ -325,17 +320,6 @@ func TestExplainErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-// unusedAddr is a loopback address nothing listens on.
-func unusedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 func TestDebugSessionJSON(t *testing.T) {

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Attacks on the client listener (issue 10, item 1): bodies announced and
@@ -197,7 +199,7 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	waitFor(t, "held bodies released", func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
 	resp, err := http.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(ping))
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +282,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 	for _, pw := range bodies {
 		pw.CloseWithError(errors.New("test over"))
 	}
-	waitFor(t, "held bodies released", func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
 }
 
 // A body that starts and never finishes is given --body-timeout, then
@@ -337,7 +339,7 @@ func TestBodyTimeout(t *testing.T) {
 		wg.Wait()
 	})
 
-	waitFor(t, "bodies released", func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "bodies released")
 	if got := metricValue(metricsText(t, s), `tether_limit_rejections_total{limit="body_timeout"}`); got != 2*slow {
 		t.Errorf("tether_limit_rejections_total{limit=body_timeout} = %v, want %d", got, 2*slow)
 	}
@@ -458,7 +460,7 @@ func TestStreamCap(t *testing.T) {
 	}
 
 	streams[0].Body.Close()
-	waitFor(t, "the closed stream's slot freed", func() bool { return s.proxy.LimitStats().OpenStreams == maxStreams-1 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().OpenStreams == maxStreams-1 }, "the closed stream's slot freed")
 	resp := open(http.DefaultClient)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {

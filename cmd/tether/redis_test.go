@@ -11,9 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // With --redis-url, sessions live in Redis; when Redis goes away tether
@@ -38,10 +40,10 @@ func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	go func() { done <- s.run(ctx, src) }()
 	defer func() { stop(); <-done }()
 	ready := "http://" + s.adminLn.Addr().String() + "/readyz"
-	waitFor(t, "ready", func() bool { return status(ready) == 200 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return status(ready) == 200 }, "ready")
 
 	srv.Kill()
-	waitFor(t, "the outage logged", func() bool { return strings.Contains(logs.String(), "session store degraded") })
+	testkit.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), "session store degraded") }, "the outage logged")
 	if got := status(ready); got != 200 {
 		t.Errorf("/readyz while Redis is down: %d, want 200 (degraded but serving)", got)
 	}

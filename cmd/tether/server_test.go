@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // startServer runs tether on ephemeral loopback ports in front of backends.
@@ -54,17 +55,16 @@ func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server)
 	done := make(chan error, 1)
 	go func() { done <- s.run(ctx, src) }()
 	t.Cleanup(func() { stop(); <-done })
-	waitFor(t, "ready", func() bool { return status("http://"+s.adminLn.Addr().String()+"/readyz") == 200 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+s.adminLn.Addr().String()+"/readyz") == 200 }, "ready")
 	return s
 }
 
 func pingBackend(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	}))
-	t.Cleanup(srv.Close)
 	return srv
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // TestMain lets the test binary stand in for the tether binary, so that
@@ -66,7 +67,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	clientURL := "http://" + s.clientLn.Addr().String() + "/mcp"
 	readyURL := "http://" + s.adminLn.Addr().String() + "/readyz"
-	waitFor(t, "ready", func() bool { return status(readyURL) == 200 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) == 200 }, "ready")
 
 	postDone := make(chan int, 1)
 	go func() {
@@ -97,14 +98,14 @@ func TestGracefulShutdown(t *testing.T) {
 
 	stop() // what SIGTERM does through signal.NotifyContext
 
-	waitFor(t, "readiness off", func() bool { return status(readyURL) != 200 })
-	waitFor(t, "listener closed", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) != 200 }, "readiness off")
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		c, err := net.Dial("tcp", s.clientLn.Addr().String())
 		if err == nil {
 			c.Close()
 		}
 		return err != nil
-	})
+	}, "listener closed")
 	if code := <-postDone; code != 200 {
 		t.Errorf("in-flight request finished with %d, want 200", code)
 	}
@@ -128,7 +129,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestProcessSignalsAndExitCodes(t *testing.T) {
 	backend := httptest.NewServer(http.NotFoundHandler())
 	defer backend.Close()
-	admin := freeAddr(t)
+	admin := testkit.FreeAddr(t)
 	cmd := exec.Command(os.Args[0], "serve", "--backends", backend.URL, "--listen", "127.0.0.1:0", "--admin-listen", admin, "--shutdown-grace", "2s")
 	cmd.Env = append(os.Environ(), "TETHER_TEST_MAIN=1")
 	var stderr bytes.Buffer
@@ -136,7 +137,7 @@ func TestProcessSignalsAndExitCodes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "process ready", func() bool { return status("http://"+admin+"/readyz") == 200 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+admin+"/readyz") == 200 }, "process ready")
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
@@ -162,26 +163,4 @@ func status(url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-// waitFor polls cond (bounded: 10 s) — used for states reached through
-// another goroutine or process, never to assert timing.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

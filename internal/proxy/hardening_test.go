@@ -25,6 +25,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // sdkBackend is a go-sdk MCP server (stateful Streamable HTTP) built for
@@ -242,12 +243,12 @@ func TestInflightEndsWhenClientsHangUpMidStream(t *testing.T) {
 			}
 			hangUp() // every client leaves in the middle of its stream
 			wg.Wait()
-			eventually(t, "requests still counted in flight after their clients hung up", func() error {
+			testkit.EventuallyNoError(t, 10*time.Second, func() error {
 				if n := inflight(); n != 0 {
 					return fmt.Errorf("%d in flight", n)
 				}
 				return nil
-			})
+			}, "requests still counted in flight after their clients hung up")
 		})
 	}
 }
@@ -369,7 +370,7 @@ func TestSupersededBackendSessionIsDeleted(t *testing.T) {
 	if rec.Reinits != 1 || rec.BackendSID == sid {
 		t.Fatalf("record: %d re-initializations, backend session %q; want 1 and a new one", rec.Reinits, rec.BackendSID)
 	}
-	eventually(t, "the superseded backend session was not deleted", func() error {
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		var ids []string
 		for ss := range b.server.Sessions() {
 			ids = append(ids, ss.ID())
@@ -378,7 +379,7 @@ func TestSupersededBackendSessionIsDeleted(t *testing.T) {
 			return fmt.Errorf("backend sessions %v, want only %s", ids, rec.BackendSID)
 		}
 		return nil
-	})
+	}, "the superseded backend session was not deleted")
 }
 
 // Backends that bind a session to its user (go-sdk with
@@ -511,7 +512,7 @@ func TestCollidingSessionIDsNeverChangeHands(t *testing.T) {
 	if status, _, got, err := mcpPost(ctx, client, h.endpoint(), second, whoamiBody); err != nil || status != http.StatusOK {
 		t.Errorf("second session: %d %q %v", status, got, err)
 	}
-	eventually(t, "the colliding backend session was not deleted", func() error {
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		n := 0
 		for _, b := range backends {
 			n += b.liveSessions()
@@ -520,7 +521,7 @@ func TestCollidingSessionIDsNeverChangeHands(t *testing.T) {
 			return fmt.Errorf("%d backend sessions, want 2", n)
 		}
 		return nil
-	})
+	}, "the colliding backend session was not deleted")
 	if counted := h.countedSessions(); counted != 2 {
 		t.Errorf("%d sessions counted on the endpoints, want 2", counted)
 	}
@@ -530,7 +531,7 @@ func TestCollidingSessionIDsNeverChangeHands(t *testing.T) {
 // 502: never two ids, never a record under one of them (issue 10 item 10).
 func TestDuplicateSessionIDFromBackendIs502(t *testing.T) {
 	var dupOnInit atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		switch {
@@ -541,7 +542,6 @@ func TestDuplicateSessionIDFromBackendIs502(t *testing.T) {
 		}
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}`)
 	}))
-	t.Cleanup(srv.Close)
 	h := newStaticHarness(t, srv.URL)
 	ctx := testContext(t)
 	client := &http.Client{}

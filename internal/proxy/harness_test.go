@@ -23,6 +23,7 @@ import (
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // harness is tether in front of real go-sdk MCP backends, on loopback.
@@ -67,18 +68,8 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if o.backends == 0 {
 		o.backends = 3
 	}
-	var backends []*mcpbackend.Backend
-	var urls []string
-	for i := range o.backends {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		backends = append(backends, b)
-		urls = append(urls, b.URL())
-	}
-	h := newTether(t, urls, o)
+	backends := testkit.StartBackends(t, o.backends)
+	h := newTether(t, testkit.URLs(backends), o)
 	h.backends = backends
 	return h
 }
@@ -165,7 +156,7 @@ type recordingBackend struct {
 
 func newRecordingBackend(t *testing.T, handle func(r *http.Request)) *recordingBackend {
 	rb := &recordingBackend{}
-	rb.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	rb.Server = testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		rb.mu.Lock()
 		rb.requests = append(rb.requests, r.Clone(context.Background()))
@@ -177,7 +168,6 @@ func newRecordingBackend(t *testing.T, handle func(r *http.Request)) *recordingB
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	}))
-	t.Cleanup(rb.Close)
 	return rb
 }
 
@@ -203,15 +193,26 @@ func assertHealthyStatic(t *testing.T, h *harness) {
 
 func (h *harness) endpoint() string { return h.front.URL + "/mcp" }
 
-// connect opens a go-sdk client session through tether.
+// connect opens a go-sdk client session through tether, on the test
+// goroutine (it fails the test on error).
 func (h *harness) connect(ctx context.Context) *mcp.ClientSession {
 	h.t.Helper()
+	cs, err := h.tryConnect(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return cs
+}
+
+// tryConnect is connect for goroutines the test starts: it returns the
+// error for the test goroutine to report.
+func (h *harness) tryConnect(ctx context.Context) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1.0.0"}, nil)
 	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: h.endpoint()}, nil)
 	if err != nil {
-		h.t.Fatalf("connect through tether: %v", err)
+		return nil, fmt.Errorf("connect through tether: %w", err)
 	}
-	return cs
+	return cs, nil
 }
 
 // whoami calls the whoami tool and returns the backend's name.
@@ -229,12 +230,23 @@ func (h *harness) backend(name string) *mcpbackend.Backend {
 	return nil
 }
 
-// post sends a raw JSON-RPC POST through tether.
+// post sends a raw JSON-RPC POST through tether, on the test goroutine
+// (it fails the test on error).
 func (h *harness) post(sid, body string, hdr ...string) *http.Response {
 	h.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, h.endpoint(), stringsReader(body))
+	resp, err := h.tryPost(sid, body, hdr...)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// tryPost is post for goroutines the test starts: it returns the error for
+// the test goroutine to report.
+func (h *harness) tryPost(sid, body string, hdr ...string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, h.endpoint(), stringsReader(body))
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -244,11 +256,7 @@ func (h *harness) post(sid, body string, hdr ...string) *http.Response {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return resp
+	return http.DefaultClient.Do(req)
 }
 
 // countedSessions is the balancer's live-session count over all endpoints.

@@ -16,6 +16,7 @@ import (
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/telemetry"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // newHarnessMetrics builds the metrics as cmd/tether does: endpoint gauges
@@ -63,23 +64,6 @@ func wantSeries(reg *prometheus.Registry, name string, samples ...string) error 
 	return testutil.GatherAndCompare(reg, strings.NewReader(text.String()), name)
 }
 
-// eventually retries check until it succeeds: requests are counted after
-// the client has its answer.
-func eventually(t *testing.T, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s:\n%v", what, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // sampleValue sums the samples of a metric (counter, gauge, or a
 // histogram's count) whose labels include match.
 func sampleValue(t *testing.T, reg *prometheus.Registry, name string, match map[string]string) float64 {
@@ -121,12 +105,12 @@ func sampleValue(t *testing.T, reg *prometheus.Registry, name string, match map[
 // step sees settled loads.
 func waitRequests(t *testing.T, reg *prometheus.Registry, n float64) {
 	t.Helper()
-	eventually(t, "requests counted", func() error {
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		if got := sampleValue(t, reg, "tether_requests_total", nil); got != n {
 			return fmt.Errorf("tether_requests_total sums to %v, want %v", got, n)
 		}
 		return nil
-	})
+	}, "requests counted")
 }
 
 func postDrain(t *testing.T, h *harness, sid, body string) int {
@@ -272,9 +256,9 @@ func TestMetricsStoreDegraded(t *testing.T) {
 	}
 
 	rs.Kill()
-	eventually(t, "degraded while Redis is down", func() error {
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		return wantSeries(reg, "tether_store_degraded", "tether_store_degraded 1")
-	})
+	}, "degraded while Redis is down")
 	if got := sampleValue(t, reg, "tether_store_errors_total", nil); got < 1 {
 		t.Errorf("store errors during the outage: %v, want >= 1", got)
 	}
@@ -288,10 +272,10 @@ func TestMetricsStoreDegraded(t *testing.T) {
 	}
 
 	rs.Restart()
-	eventually(t, "healthy once Redis is back", func() error {
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		return wantSeries(reg, "tether_store_degraded", "tether_store_degraded 0")
-	})
-	eventually(t, "pending record written", func() error {
+	}, "healthy once Redis is back")
+	testkit.EventuallyNoError(t, 10*time.Second, func() error {
 		return wantSeries(reg, "tether_store_pending_records", "tether_store_pending_records 0")
-	})
+	}, "pending record written")
 }

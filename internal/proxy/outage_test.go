@@ -9,6 +9,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Redis killed, frozen, and restarted empty on the same port, during
@@ -58,7 +60,7 @@ func TestRedisOutage(t *testing.T) {
 			}
 
 			// The outage shows even though every request so far was a cache hit.
-			waitUntil(t, "replica A reports the outage", a.cache.Degraded)
+			testkit.Eventually(t, 15*time.Second, a.cache.Degraded, "replica A reports the outage")
 
 			fresh := a.connect(ctx) // placed during the outage
 			defer fresh.Close()
@@ -75,7 +77,7 @@ func TestRedisOutage(t *testing.T) {
 			}
 
 			outage.finish()
-			waitUntil(t, "replica A recovers", func() bool { return !a.cache.Degraded() })
+			testkit.Eventually(t, 15*time.Second, func() bool { return !a.cache.Degraded() }, "replica A recovers")
 
 			n, err := raw.Exists(ctx, "tether:s:"+fresh.ID()).Result()
 			if err != nil || n != 1 {
@@ -92,17 +94,6 @@ func TestRedisOutage(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -38,7 +38,11 @@ func TestSessionsStickAndSpread(t *testing.T) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			cs := h.connect(ctx)
+			cs, err := h.tryConnect(ctx)
+			if err != nil {
+				errs <- fmt.Errorf("session %d: %w", i, err)
+				return
+			}
 			defer cs.Close()
 			first := ""
 			for c := range calls {
@@ -107,7 +111,12 @@ func TestBackendKilledMidRun(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cs := h.connect(ctx)
+			cs, err := h.tryConnect(ctx)
+			if err != nil {
+				errs <- fmt.Errorf("session %d: %w", i, err)
+				started <- struct{}{} // the kill waits for every session
+				return
+			}
 			defer cs.Close()
 			first, last := "", ""
 			for c := range calls {

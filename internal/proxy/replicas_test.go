@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // fleet is several tether replicas sharing one Redis, in front of the same
@@ -32,16 +33,8 @@ type fleet struct {
 func newFleet(t *testing.T, replicas, backends int, o harnessOptions) *fleet {
 	t.Helper()
 	f := &fleet{redis: redistest.Start(t)}
-	var urls []string
-	for i := range backends {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		f.backends = append(f.backends, b)
-		urls = append(urls, b.URL())
-	}
+	f.backends = testkit.StartBackends(t, backends)
+	urls := testkit.URLs(f.backends)
 	o.redis = f.redis
 	for range replicas {
 		h := newTether(t, urls, o)
@@ -163,8 +156,12 @@ func TestReplicasReinitializeOnce(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp := h.post(sid, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami"}}`, 100*(r+1)+i),
+				resp, err := h.tryPost(sid, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami"}}`, 100*(r+1)+i),
 					"Mcp-Protocol-Version", "2025-06-18")
+				if err != nil {
+					errs <- err
+					return
+				}
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"backend"`) || strings.Contains(string(body), home) {
@@ -226,7 +223,11 @@ func TestReplicasBalanceTogether(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range perReplica {
-				resp := h.post("", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c%d","version":"1"}}}`, i))
+				resp, err := h.tryPost("", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c%d","version":"1"}}}`, i))
+				if err != nil {
+					errs <- err
+					return
+				}
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != 200 || resp.Header.Get("Mcp-Session-Id") == "" {

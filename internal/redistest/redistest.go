@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Server is one redis-server process owned by a test.
@@ -32,7 +34,7 @@ func Start(tb testing.TB, extraArgs ...string) *Server {
 		tb.Fatal("redis-server not found on PATH (apt-get install redis-server)")
 	}
 	for attempt := 0; ; attempt++ {
-		port := freePort(tb)
+		port := testkit.FreePort(tb)
 		s := &Server{tb: tb, Port: port}
 		s.args = append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
@@ -48,15 +50,6 @@ func Start(tb testing.TB, extraArgs ...string) *Server {
 		tb.Cleanup(s.Kill)
 		return s
 	}
-}
-
-func freePort(tb testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func (s *Server) start(bin string) error {

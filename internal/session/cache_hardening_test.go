@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Regression (issue 10, item 8): one large initialize body (4 MB) took
@@ -417,7 +418,7 @@ func TestCachePendingCollision(t *testing.T) {
 		}
 		t.Skip("the flush won the race: nothing collided")
 	}
-	eventually(t, "recovery", func() bool { return !a.Degraded() && a.Stats().Pending == 0 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return !a.Degraded() && a.Stats().Pending == 0 }, "recovery")
 	if got, err := other.Get(ctx, "dup"); err != nil || got.BackendID != theirs.BackendID {
 		t.Errorf("Redis holds %+v, %v; want the other session, untouched", got, err)
 	}

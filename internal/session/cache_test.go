@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // cacheBudget is the Redis call budget of the caches under test: generous
@@ -194,26 +195,13 @@ func rawClient(t *testing.T, srv *redistest.Server) *redis.Client {
 	return c
 }
 
-// eventually polls cond every 10ms for up to 10s: only for what background
-// goroutines (pub/sub, TTL refreshes, the health loop) do on their own.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitSubscribed waits until n caches listen for invalidations.
 func waitSubscribed(t *testing.T, raw *redis.Client, n int64) {
 	t.Helper()
-	eventually(t, "caches subscribed to invalidations", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		m, err := raw.PubSubNumSub(t.Context(), "tether:invalidate").Result()
 		return err == nil && m["tether:invalidate"] >= n
-	})
+	}, "caches subscribed to invalidations")
 }
 
 // A hit costs Redis nothing; a miss one read, after which the entry is
@@ -395,7 +383,7 @@ func TestCacheInvalidation(t *testing.T) {
 			}
 
 			tt.change(t, b, cur)
-			eventually(t, "replica a drops its copy", func() bool { return a.Stats().Entries == 0 })
+			testkit.Eventually(t, 10*time.Second, func() bool { return a.Stats().Entries == 0 }, "replica a drops its copy")
 			a.cmds.take()
 			got, err := a.Get(ctx, "s")
 			tt.check(t, got, err)
@@ -444,7 +432,7 @@ func TestCacheTouchRateLimit(t *testing.T) {
 			t.Fatalf("Touch at +%v: %v", tt.at, err)
 		}
 		if tt.refreshes > a.cmds.n.Load() {
-			eventually(t, "refresh at +"+tt.at.String(), func() bool { return a.cmds.n.Load() >= tt.refreshes })
+			testkit.Eventually(t, 10*time.Second, func() bool { return a.cmds.n.Load() >= tt.refreshes }, "refresh at +%v", tt.at)
 		}
 		if got := a.cmds.n.Load(); got != tt.refreshes {
 			t.Fatalf("after a Touch at +%v: %d refreshes, want %d", tt.at, got, tt.refreshes)
@@ -509,7 +497,7 @@ func TestCacheTouchIsAsynchronous(t *testing.T) {
 	}
 	release()
 	want := epoch.Add(5*time.Minute + ttl)
-	eventually(t, "the refresh reaches Redis", func() bool { return expiry().Equal(want) })
+	testkit.Eventually(t, 10*time.Second, func() bool { return expiry().Equal(want) }, "the refresh reaches Redis")
 	if ms, err := raw.PTTL(ctx, "tether:s:s").Result(); err != nil || ms < ttl-time.Minute {
 		t.Errorf("key TTL %v, %v; want about %v", ms, err, ttl)
 	}
@@ -549,10 +537,10 @@ func TestCacheTouchRefreshesUnderSteadyTraffic(t *testing.T) {
 		}
 	}
 	raw := rawClient(t, srv)
-	eventually(t, "Redis holds a refreshed expiry", func() bool {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		e, err := raw.HGet(ctx, "tether:s:s", "e").Int64()
 		return err == nil && e > clock.Now().Add(ttl-2*ttl/10).UnixMilli()
-	})
+	}, "Redis holds a refreshed expiry")
 	if _, err := other.Get(ctx, "s"); err != nil {
 		t.Errorf("another replica after 1.2 TTLs of steady use: %v", err)
 	}
@@ -706,7 +694,7 @@ func TestCacheDegraded(t *testing.T) {
 			}
 
 			tt.mend(srv)
-			eventually(t, "recovery", func() bool { return !a.Degraded() })
+			testkit.Eventually(t, 10*time.Second, func() bool { return !a.Degraded() }, "recovery")
 			if got, want := a.degraded.list(), []bool{true, false}; !slices.Equal(got, want) {
 				t.Errorf("OnDegraded calls %v, want %v", got, want)
 			}
@@ -728,10 +716,10 @@ func TestCacheDegraded(t *testing.T) {
 			}
 			// Kept by Redis, or written back from the cache when Redis came
 			// back empty.
-			eventually(t, "the record from before the outage in Redis", func() bool {
+			testkit.Eventually(t, 10*time.Second, func() bool {
 				_, err := other.Get(ctx, "cached")
 				return err == nil
-			})
+			}, "the record from before the outage in Redis")
 		})
 	}
 }
@@ -766,22 +754,22 @@ func TestCacheRedisRestartedEmpty(t *testing.T) {
 	// probe caught the restart, the cache serves from memory until it has
 	// recovered; the next re-read writes back.)
 	for _, id := range []string{"kept", "deleted"} {
-		eventually(t, id+" written back", func() bool {
+		testkit.Eventually(t, 10*time.Second, func() bool {
 			got, err := a.Get(ctx, id)
 			if err != nil || got.Version != 1 {
 				t.Fatalf("Get(%s) after the restart = %v, %v", id, got, err)
 			}
 			_, err = other.Get(ctx, id)
 			return err == nil
-		})
+		}, "%s written back", id)
 	}
 
 	waitSubscribed(t, raw, 2) // resubscribed after the restart
-	eventually(t, "both replicas healthy", func() bool { return !a.Degraded() && !b.Degraded() })
+	testkit.Eventually(t, 10*time.Second, func() bool { return !a.Degraded() && !b.Degraded() }, "both replicas healthy")
 	if got, err := b.Delete(ctx, "deleted"); err != nil || got.ClientSID != "deleted" {
 		t.Fatalf("Delete through b = %v, %v", got, err)
 	}
-	eventually(t, "a drops its copy", func() bool { return a.Stats().Entries == 1 })
+	testkit.Eventually(t, 10*time.Second, func() bool { return a.Stats().Entries == 1 }, "a drops its copy")
 	clock.Advance(maxStale)
 	if got, err := a.Get(ctx, "deleted"); !errors.Is(err, session.ErrNotFound) {
 		t.Errorf("a Get(deleted) = %v, %v; want ErrNotFound", got, err)

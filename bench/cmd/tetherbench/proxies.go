@@ -39,13 +39,21 @@ func ensureTools(log func(string, ...any), bins ...string) error {
 	return nil
 }
 
-// buildTether builds ./cmd/tether as `make build` does, into dir.
+// buildTether builds ./cmd/tether as `make build` does, into dir. It
+// builds in tether's own module (the bench module's replace points at it),
+// with tether's go.mod, as `make build` and the image do: the bench module
+// resolves only what the bench imports.
 func buildTether(dir string) (string, error) {
+	list, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/tether-mcp/tether").Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m github.com/tether-mcp/tether: %w (run tetherbench from the bench module)", err)
+	}
 	out := filepath.Join(dir, "tether")
 	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/tether")
+	cmd.Dir = strings.TrimSpace(string(list))
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/tether: %v: %s", err, b)
+		return "", fmt.Errorf("go build ./cmd/tether in %s: %v: %s", cmd.Dir, err, b)
 	}
 	return out, nil
 }

@@ -32,7 +32,7 @@ type reportEnv struct {
 func reportCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tetherbench report", flag.ContinueOnError)
 	full := fs.Bool("full", false, "longer runs and more rounds (make bench-full)")
-	out := fs.String("out", "bench/results", "directory for the summary, charts and raw figures")
+	out := fs.String("out", "results", "directory for the summary, charts and raw figures")
 	readme := fs.String("readme", "", "README whose figures block (between the markers) is replaced with the summary")
 	scenarios := fs.String("scenarios", "seed,overhead,failover,placement", "comma-separated scenarios to run")
 	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")

@@ -1,0 +1,111 @@
+package testkit
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/tether-mcp/tether/internal/mcpbackend"
+)
+
+// pollInterval is how often Eventually checks: short enough not to slow
+// a test down, long enough not to busy a loaded 2-core machine.
+const pollInterval = 10 * time.Millisecond
+
+// Eventually polls cond until it is true, and fails the test when timeout
+// passes first. It is for states reached by another goroutine or process
+// (a background loop, a server's bookkeeping after the client has its
+// answer), never for asserting how long something takes: the timeout is a
+// bound for a loaded machine, not an expectation. format and args say what
+// was awaited.
+func Eventually(tb testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, fmt.Sprintf(format, args...))
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// EventuallyNoError is Eventually for a check that explains itself: it
+// polls check until it returns nil, and on timeout fails the test with the
+// last error check returned.
+func EventuallyNoError(tb testing.TB, timeout time.Duration, check func() error, format string, args ...any) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s:\n%v", timeout, fmt.Sprintf(format, args...), err)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// FreeAddr returns a loopback host:port that was free a moment ago, for a
+// process or listener the test starts later, or for an address nothing
+// listens on. Another process may take it in between; callers that bind it
+// themselves retry when that matters (redistest does).
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	return freeTCPAddr(tb).String()
+}
+
+// FreePort is FreeAddr's port.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	return freeTCPAddr(tb).Port
+}
+
+func freeTCPAddr(tb testing.TB) *net.TCPAddr {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr)
+}
+
+// StartBackends starts n go-sdk MCP backends named backend-0 to
+// backend-(n-1) on free loopback ports; they close when the test ends.
+func StartBackends(tb testing.TB, n int) []*mcpbackend.Backend {
+	tb.Helper()
+	backends := make([]*mcpbackend.Backend, 0, n)
+	for i := range n {
+		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(b.Close)
+		backends = append(backends, b)
+	}
+	return backends
+}
+
+// URLs are the backends' base URLs, in order: what a static endpoint
+// source takes.
+func URLs(backends []*mcpbackend.Backend) []string {
+	urls := make([]string, len(backends))
+	for i, b := range backends {
+		urls[i] = b.URL()
+	}
+	return urls
+}
+
+// StartServer serves h on a free loopback address (http://127.0.0.1:port
+// in the returned server's URL) until the test ends.
+func StartServer(tb testing.TB, h http.Handler) *httptest.Server {
+	tb.Helper()
+	srv := httptest.NewServer(h)
+	tb.Cleanup(srv.Close)
+	return srv
+}
