@@ -21,7 +21,7 @@ import (
 
 // statusRecorder remembers the status sent to the client. It lives inside
 // the exchange (no allocation of its own) and unwraps for
-// http.ResponseController, so ReverseProxy's flushes reach the connection.
+// http.ResponseController, so relay's flushes reach the connection.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
