@@ -217,4 +217,3 @@ func TestCompleteAnswerInOneWrite(t *testing.T) {
 		})
 	}
 }
-
