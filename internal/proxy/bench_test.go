@@ -128,7 +128,9 @@ func (d *discardWriter) SetReadDeadline(time.Time) error { return nil }
 
 // BenchmarkServeHTTPFollowUp is tether's own cost for a sticky follow-up:
 // classify, session lookup, pick-free routing, the forward path, with the
-// network replaced by a canned answer. Its allocations are tether's.
+// network replaced by a canned answer. Its allocations include the
+// harness's (request, writer, canned answer); TestFollowUpAllocations
+// tells them apart.
 func BenchmarkServeHTTPFollowUp(b *testing.B) {
 	serve := cannedProxy(b, proxy.Config{})
 	b.ReportAllocs()
