@@ -46,6 +46,10 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 // Flush keeps http.Flusher working for code that asserts it directly.
 func (r *statusRecorder) Flush() { http.NewResponseController(r.ResponseWriter).Flush() }
 
+// FlushError is the flush http.ResponseController prefers: it reports a
+// client that is gone, so that relay stops copying for nobody.
+func (r *statusRecorder) FlushError() error { return http.NewResponseController(r.ResponseWriter).Flush() }
+
 // startServerSpan opens the request's server span, continuing the client's
 // W3C trace context.
 func (p *Proxy) startServerSpan(r *http.Request, x *exchange) *http.Request {
