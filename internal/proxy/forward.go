@@ -109,17 +109,7 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 	x.attempts++
 	ep := x.ep
 
-	o.url = *r.URL
-	o.url.Scheme, o.url.Host = ep.URL.Scheme, ep.URL.Host
-	o.url.Path, o.url.RawPath = joinURLPath(ep.URL, r.URL)
-	o.url.RawQuery = cleanQueryParams(r.URL.RawQuery)
-	if q := ep.URL.RawQuery; q != "" {
-		if o.url.RawQuery == "" {
-			o.url.RawQuery = q
-		} else {
-			o.url.RawQuery = q + "&" + o.url.RawQuery
-		}
-	}
+	setOutgoingURL(&o.url, ep.URL, r.URL)
 
 	h := outgoingHeader(r.Header)
 	out := &http.Request{
@@ -170,6 +160,22 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 		h["User-Agent"] = emptyValue
 	}
 	return out.WithContext(r.Context())
+}
+
+// setOutgoingURL sets u to the request URL in aimed at the backend base:
+// its path and query after base's, as net/http/httputil joins them.
+func setOutgoingURL(u *url.URL, base, in *url.URL) {
+	*u = *in
+	u.Scheme, u.Host = base.Scheme, base.Host
+	u.Path, u.RawPath = joinURLPath(base, in)
+	u.RawQuery = cleanQueryParams(in.RawQuery)
+	if q := base.RawQuery; q != "" {
+		if u.RawQuery == "" {
+			u.RawQuery = q
+		} else {
+			u.RawQuery = q + "&" + u.RawQuery
+		}
+	}
 }
 
 // outgoing is what an attempt's request points at: its URL, and its body,

@@ -217,3 +217,46 @@ func TestCompleteAnswerInOneWrite(t *testing.T) {
 		})
 	}
 }
+
+// The backend's hop-by-hop headers stop at tether, its other headers and
+// its trailers (announced or not) reach the client.
+func TestAnswerHeadersAndTrailersRelayed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Connection", "X-Backend-Hop")
+		h.Set("X-Backend-Hop", "must not pass")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Add("X-Kept", "a")
+		h.Add("X-Kept", "b")
+		h.Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+		h.Set("X-Checksum", "c0ffee")
+		h.Set(http.TrailerPrefix+"X-Late", "unannounced")
+	}))
+	t.Cleanup(srv.Close)
+	h := newStaticHarness(t, srv.URL)
+
+	resp := h.post("", `{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(body) != `{"jsonrpc":"2.0","id":1,"result":{}}` {
+		t.Fatalf("body %q, %v", body, err)
+	}
+	if got := resp.Header.Values("X-Kept"); len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Errorf("X-Kept %q, want [a b]", got)
+	}
+	for _, name := range []string{"X-Backend-Hop", "Keep-Alive"} {
+		if v := resp.Header.Get(name); v != "" {
+			t.Errorf("client got hop-by-hop %s: %q", name, v)
+		}
+	}
+	if got := resp.Trailer.Get("X-Checksum"); got != "c0ffee" {
+		t.Errorf("announced trailer X-Checksum %q, want c0ffee", got)
+	}
+	if got := resp.Trailer.Get("X-Late"); got != "unannounced" {
+		t.Errorf("unannounced trailer X-Late %q", got)
+	}
+}
