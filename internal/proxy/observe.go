@@ -48,7 +48,9 @@ func (r *statusRecorder) Flush() { http.NewResponseController(r.ResponseWriter).
 
 // FlushError is the flush http.ResponseController prefers: it reports a
 // client that is gone, so that relay stops copying for nobody.
-func (r *statusRecorder) FlushError() error { return http.NewResponseController(r.ResponseWriter).Flush() }
+func (r *statusRecorder) FlushError() error {
+	return http.NewResponseController(r.ResponseWriter).Flush()
+}
 
 // startServerSpan opens the request's server span, continuing the client's
 // W3C trace context.
