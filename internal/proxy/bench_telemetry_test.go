@@ -109,17 +109,17 @@ func BenchmarkServeHTTPFollowUpTelemetry(b *testing.B) {
 
 // cannedProxy builds a proxy on cfg in front of a canned backend, opens a
 // session through it, and returns a function sending one follow-up.
-func cannedProxy(b *testing.B, cfg proxy.Config) func() {
+func cannedProxy(tb testing.TB, cfg proxy.Config) func() {
 	picker, _ := balancer.NewPicker("p2c", nil)
 	bal := balancer.New(balancer.Options{Picker: picker})
 	src, _ := discovery.NewStatic([]string{"http://127.0.0.1:9"})
 	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
+	tb.Cleanup(cancel)
 	synced := make(chan struct{})
 	go src.Run(ctx, func(s discovery.Snapshot) { bal.Update(s); close(synced) })
 	<-synced
 	store := session.NewMemory(session.MemoryOptions{})
-	b.Cleanup(func() { store.Close() })
+	tb.Cleanup(func() { store.Close() })
 	cfg.Balancer, cfg.Store = bal, store
 	cfg.Transport = cannedTransport{sid: "bench-session"}
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -128,23 +128,33 @@ func cannedProxy(b *testing.B, cfg proxy.Config) func() {
 	init := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`))
 	p.ServeHTTP(&discardWriter{h: http.Header{}}, init)
 	if _, err := store.Get(ctx, "bench-session"); err != nil {
-		b.Fatal("session not recorded:", err)
+		tb.Fatal("session not recorded:", err)
 	}
-	body := []byte(followUpBody)
-	target, _ := url.Parse("http://127.0.0.1:7480/mcp")
 	return func() {
-		// Built by hand: httptest.NewRequest parses text and would dominate.
-		r := &http.Request{
-			Method: http.MethodPost, URL: target, Host: target.Host, RequestURI: "/mcp",
-			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, RemoteAddr: "127.0.0.1:5000",
-			Header: http.Header{
-				"Mcp-Session-Id":       {"bench-session"},
-				"Mcp-Protocol-Version": {"2025-06-18"},
-				"Content-Type":         {"application/json"},
-				"Accept":               {"application/json, text/event-stream"},
-			},
-			Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
-		}
-		p.ServeHTTP(&discardWriter{h: http.Header{}}, r.WithContext(ctx))
+		w, r := cannedFollowUp(ctx)
+		p.ServeHTTP(w, r)
 	}
+}
+
+var (
+	cannedBody      = []byte(followUpBody)
+	cannedTarget, _ = url.Parse("http://127.0.0.1:7480/mcp")
+)
+
+// cannedFollowUp is a follow-up request on the canned session, and a writer
+// for its answer.
+func cannedFollowUp(ctx context.Context) (*discardWriter, *http.Request) {
+	// Built by hand: httptest.NewRequest parses text and would dominate.
+	r := &http.Request{
+		Method: http.MethodPost, URL: cannedTarget, Host: cannedTarget.Host, RequestURI: "/mcp",
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, RemoteAddr: "127.0.0.1:5000",
+		Header: http.Header{
+			"Mcp-Session-Id":       {"bench-session"},
+			"Mcp-Protocol-Version": {"2025-06-18"},
+			"Content-Type":         {"application/json"},
+			"Accept":               {"application/json, text/event-stream"},
+		},
+		Body: io.NopCloser(bytes.NewReader(cannedBody)), ContentLength: int64(len(cannedBody)),
+	}
+	return &discardWriter{h: http.Header{}}, r.WithContext(ctx)
 }

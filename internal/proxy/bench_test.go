@@ -127,8 +127,10 @@ func (d *discardWriter) WriteHeader(int)             {}
 func (d *discardWriter) SetReadDeadline(time.Time) error { return nil }
 
 // BenchmarkServeHTTPFollowUp is tether's own cost for a sticky follow-up:
-// classify, session lookup, pick-free routing, ReverseProxy, with the
-// network replaced by a canned answer. Its allocations are tether's.
+// classify, session lookup, pick-free routing, the forward path, with the
+// network replaced by a canned answer. Its allocations include the
+// harness's (request, writer, canned answer); TestFollowUpAllocations
+// tells them apart.
 func BenchmarkServeHTTPFollowUp(b *testing.B) {
 	serve := cannedProxy(b, proxy.Config{})
 	b.ReportAllocs()

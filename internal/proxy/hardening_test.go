@@ -187,7 +187,7 @@ func jsonrpcErrorOf(body string) (code int, id string, ok bool) {
 }
 
 // Clients that hang up in the middle of a streamed tools/call, over
-// HTTP/1.1 and over h2c, leave no request counted in flight: ReverseProxy
+// HTTP/1.1 and over h2c, leave no request counted in flight: the relay
 // aborts such a response with panic(http.ErrAbortHandler), and the count
 // must end anyway (issue 10 item 13).
 func TestInflightEndsWhenClientsHangUpMidStream(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 
 // statusRecorder remembers the status sent to the client. It lives inside
 // the exchange (no allocation of its own) and unwraps for
-// http.ResponseController, so ReverseProxy's flushes reach the connection.
+// http.ResponseController, so relay's flushes reach the connection.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
@@ -45,6 +45,12 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 
 // Flush keeps http.Flusher working for code that asserts it directly.
 func (r *statusRecorder) Flush() { http.NewResponseController(r.ResponseWriter).Flush() }
+
+// FlushError is the flush http.ResponseController prefers: it reports a
+// client that is gone, so that relay stops copying for nobody.
+func (r *statusRecorder) FlushError() error {
+	return http.NewResponseController(r.ResponseWriter).Flush()
+}
 
 // startServerSpan opens the request's server span, continuing the client's
 // W3C trace context.

@@ -5,12 +5,11 @@
 //
 // classify reads the method, the session header and (for POST) the bounded
 // body; route turns that into a Decision (new, sticky, reinit, stateless);
-// forward sends it with httputil.ReverseProxy; record writes the session
-// table from the response before the response reaches the client.
+// forward sends it (forward.go); record writes the session table from the
+// response before the response reaches the client.
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -18,10 +17,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/textproto"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -115,9 +112,7 @@ type Proxy struct {
 	propagator propagation.TextMapPropagator
 	decisions  *decisionLog
 
-	rp       *httputil.ReverseProxy // requests
-	streamRP *httputil.ReverseProxy // GET streams: the same, with small copy buffers
-	flights  singleflight.Group     // one re-initialization per session at a time
+	flights singleflight.Group // one re-initialization per session at a time
 }
 
 // New builds a Proxy from cfg.
@@ -163,21 +158,6 @@ func New(cfg Config) *Proxy {
 	if p.now == nil {
 		p.now = time.Now
 	}
-	rp := &httputil.ReverseProxy{
-		Rewrite:        p.rewrite,
-		Transport:      p.transport,
-		ModifyResponse: p.modifyResponse,
-		ErrorHandler:   p.handleError,
-		BufferPool:     bufferPool{&copyBuffers},
-		// FlushInterval 0: ReverseProxy already flushes text/event-stream
-		// and unknown-length bodies after every write (see isStreaming).
-		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
-	}
-	// GET streams are long-lived and mostly idle: they copy through small
-	// buffers (streamCopyBufferSize) so that thousands of them stay cheap.
-	streams := *rp
-	streams.BufferPool = bufferPool{&streamCopyBuffers}
-	p.rp, p.streamRP = rp, &streams
 	return p
 }
 
@@ -190,8 +170,8 @@ func (p *Proxy) SessionExpired(rec *session.Record) {
 }
 
 // exchange is the state of one client request as it moves along the path.
-// The route step and the forward loop write it; the ReverseProxy callbacks
-// of an attempt read it and write only the record step's result (newSID).
+// The route step and the forward loop write it; an attempt reads it and
+// writes only the record step's result (newSID) and its own bookkeeping.
 type exchange struct {
 	class      Classification
 	route      Route
@@ -208,6 +188,12 @@ type exchange struct {
 	out   statusRecorder // the client's response writer, remembering the status
 	start time.Time
 	span  trace.Span // the server span; nil when tracing is off
+
+	// What attempts share (forward.go): the first attempt's URL and body
+	// reader live here, one allocation less; later ones get their own.
+	first    outgoing
+	attempts int
+	getBody  func() (io.ReadCloser, error) // rebuilds the request body for the transport
 }
 
 // ServeHTTP is the request path: classify → route → forward → record.
@@ -268,7 +254,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 	switch {
 	case x.class.Kind == KindInitialize:
 		// A new session, even if the client sent a session id with it (the
-		// header is stripped in rewrite).
+		// header is not forwarded: outgoingRequest).
 		x.route = RouteNew
 		if int64(len(x.class.Body)) > p.maxInit {
 			// The body is kept for the session's life and replayed: refused
@@ -393,7 +379,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		if x.ep == nil && !p.pick(w, x, nil) {
 			return
 		}
-		o := p.attempt(w, r, x)
+		o := p.forwardOnce(w, r, x)
 		if o.retry == "" {
 			return
 		}
@@ -436,66 +422,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 }
 
-// outcome is how one forwarding attempt ended.
-type outcome struct {
-	// retry says why the attempt failed in a way that is safe to repeat
-	// (the request was never processed); "" when the client has its answer
-	// or has gone away.
-	retry string
-	err   error
-}
-
-// attempt is one forwarding attempt. It is the only place that counts
-// requests in flight, and the deferred End runs however the attempt ends:
-// ReverseProxy aborts a response whose client hung up mid-stream with
-// panic(http.ErrAbortHandler), which skips everything but defers.
-func (p *Proxy) attempt(w http.ResponseWriter, r *http.Request, x *exchange) outcome {
-	// A GET stream is an idle channel for server messages, not work in
-	// flight: counting it would add a constant per session to the load.
-	if x.class.Kind != KindStream {
-		x.ep.Begin()
-		defer x.ep.End()
-	}
-	rp := p.rp
-	if x.class.Kind == KindStream {
-		rp = p.streamRP
-	}
-	a := &attemptState{x: x, ep: x.ep, path: r.URL.Path}
-	rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attemptKey{}, a)))
-	return a.result
-}
-
-// attemptState is what the ReverseProxy callbacks of one attempt share: the
-// exchange and backend they serve (read only), the request body, and the
-// attempt's result, which only handleError writes.
-type attemptState struct {
-	x      *exchange
-	ep     *balancer.Endpoint
-	path   string       // the client's request path (not the request: keeping it would move it to the heap)
-	body   bytes.Reader // the outgoing body: the attempt is its own reader, one allocation less
-	result outcome
-}
-
-// Read and Close make the attempt the outgoing request's body.
-func (a *attemptState) Read(b []byte) (int, error) { return a.body.Read(b) }
-func (a *attemptState) Close() error               { return nil }
-
-type attemptKey struct{}
-
-func attemptFrom(ctx context.Context) *attemptState {
-	a, _ := ctx.Value(attemptKey{}).(*attemptState)
-	return a
-}
-
-// retryError is how modifyResponse hands an attempt that is safe to repeat
-// to handleError.
-type retryError struct {
-	reason string
-	err    error
-}
-
-func (e *retryError) Error() string { return "retry: " + e.reason }
-
 // endDeadSession answers a DELETE of a session whose backend is gone. The
 // backend can no longer check who ends the session, so tether does: only
 // its creator may (anyone else learns nothing, as for an unknown session).
@@ -523,58 +449,11 @@ func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
 	}
 }
 
-// rewrite builds the outgoing request (ReverseProxy has already removed
-// hop-by-hop and forwarding headers from Out).
-func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
-	a := attemptFrom(pr.In.Context())
-	x := a.x
-	pr.SetURL(a.ep.URL)
-	// Keep Host and Origin as the client sent them: MCP servers check both
-	// against DNS rebinding, and go-sdk answers 403 to a foreign Host.
-	pr.Out.Host = pr.In.Host
-	// A sidecar is transparent: keep what the proxy in front said about the
-	// original client instead of adding our loopback hop.
-	for _, h := range forwardingHeaders {
-		if v, ok := pr.In.Header[h]; ok {
-			pr.Out.Header[h] = v
-		}
-	}
-
-	if x.class.Body != nil {
-		body := x.class.Body
-		a.body.Reset(body)
-		pr.Out.Body = a
-		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		pr.Out.ContentLength = int64(len(body))
-		pr.Out.TransferEncoding = nil
-		pr.Out.Header.Del("Content-Length") // the transport writes it from ContentLength
-	}
-
-	if x.span != nil {
-		// The backend's spans become children of this request's span.
-		p.propagator.Inject(pr.In.Context(), propagation.HeaderCarrier(pr.Out.Header))
-	}
-
-	switch x.route {
-	case RouteNew, RouteStateless:
-		pr.Out.Header.Del(headerSessionID)
-	default:
-		pr.Out.Header.Set(headerSessionID, x.backendSID)
-		if id, ok := backendEventID(pr.In.Header.Get(headerLastEventID), x.rec.Reinits); ok {
-			pr.Out.Header.Set(headerLastEventID, id)
-		} else {
-			pr.Out.Header.Del(headerLastEventID)
-		}
-	}
-}
-
-var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
-
-// stripUpgrade removes protocol-upgrade requests. MCP never upgrades, h2c is
-// served by prior knowledge only, and ReverseProxy re-adds an Upgrade header
-// after Rewrite when the inbound request asked for one (golang/go#80416), so
-// the inbound request is cleaned first. Other Connection tokens stay, for
-// ReverseProxy to strip the headers they name.
+// stripUpgrade removes protocol-upgrade requests. MCP never upgrades and
+// h2c is served by prior knowledge only, so the inbound request is cleaned
+// first: neither the forwarded request nor a replayed initialize may ask a
+// backend to switch protocols. Other Connection tokens stay, for
+// outgoingHeader to strip the headers they name.
 func stripUpgrade(h http.Header) {
 	_, up := h["Upgrade"]
 	_, settings := h["Http2-Settings"]
@@ -597,146 +476,6 @@ func stripUpgrade(h http.Header) {
 	} else {
 		h["Connection"] = []string{strings.Join(keep, ", ")}
 	}
-}
-
-// modifyResponse is the record step: it runs after the backend answered and
-// before anything reaches the client. An attempt that is safe to repeat is
-// returned as a *retryError.
-func (p *Proxy) modifyResponse(resp *http.Response) error {
-	ctx := resp.Request.Context()
-	a := attemptFrom(ctx)
-	x := a.x
-
-	if len(resp.Header[headerSessionID]) > 1 {
-		// Which one would the client keep? Clients fail a session whose id
-		// changes, and a record keyed by the wrong one strands the session.
-		resp.Body.Close()
-		return errDuplicateSID
-	}
-	if x.rec != nil && resp.StatusCode == http.StatusNotFound && x.class.Kind != KindDelete {
-		lost, err := p.sessionLost(resp)
-		if err != nil {
-			resp.Body.Close()
-			return err
-		}
-		if lost {
-			// The backend does not know the session: it restarted, or
-			// expired the session. The request was refused, not processed,
-			// so it is safe to re-initialize and send it again.
-			resp.Body.Close()
-			return &retryError{reason: reasonLost}
-		}
-		// A 404 that answers the request itself (an unknown method under
-		// MCP 2026-07-28, a missing resource) goes to the client as it is.
-	}
-
-	switch {
-	case x.route == RouteNew:
-		sid := resp.Header.Get(headerSessionID)
-		if resp.StatusCode/100 != 2 || sid == "" {
-			break // a refused initialize, or a stateless server
-		}
-		if !validSessionID(sid) {
-			resp.Body.Close()
-			return errBadBackendSID
-		}
-		now := p.now()
-		rec := &session.Record{
-			ClientSID:       sid,
-			BackendID:       a.ep.ID,
-			BackendURL:      a.ep.String(),
-			BackendSID:      sid,
-			Init:            x.class.Body,
-			ProtocolVersion: x.class.ProtocolVersion,
-			Principal:       p.principal.digest(resp.Request.Header),
-			Created:         now,
-			LastUsed:        now,
-		}
-		// Written before the response is released, so the client's next
-		// request always finds its session.
-		err := p.store.Create(ctx, rec)
-		if errors.Is(err, session.ErrExists) {
-			// Another backend minted the same id and a live session holds
-			// it: this one must not take it over. Its answer never reached
-			// the client, so the backend session is ended and the
-			// initialize tried elsewhere.
-			resp.Body.Close()
-			p.log.Warn("backend minted a session id that a live session holds; initializing elsewhere",
-				"session", session.HashID(sid), "backend", a.ep.String())
-			out := resp.Request
-			p.deleteLater(a.ep, sid, p.replayContextOf(out.Host, a.path, out.Header, x, reasonIDTaken))
-			return &retryError{reason: reasonIDTaken, err: err}
-		}
-		if err != nil {
-			resp.Body.Close()
-			return &storeWriteError{err}
-		}
-		a.ep.AddSessions(1)
-		x.newSID = sid
-	case x.rec != nil:
-		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
-			// Never let the new backend's id leak: clients fail a session
-			// whose id changes under them.
-			resp.Header.Set(headerSessionID, x.rec.ClientSID)
-		}
-		if x.class.Kind == KindDelete && (resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound) {
-			p.endSession(ctx, x.rec)
-		}
-		if x.rec.Reinits > 0 && isEventStream(resp) {
-			resp.Body = newEventIDTagger(resp.Body, x.rec.Reinits)
-			// Tagging lengthens the body: its length is no longer known.
-			resp.ContentLength = -1
-			resp.Header.Del("Content-Length")
-		}
-	}
-	return nil
-}
-
-var (
-	errBadBackendSID = errors.New("backend minted an invalid Mcp-Session-Id")
-	errDuplicateSID  = errors.New("backend sent more than one Mcp-Session-Id")
-)
-
-type storeWriteError struct{ err error }
-
-func (e *storeWriteError) Error() string { return "session store write failed: " + e.err.Error() }
-func (e *storeWriteError) Unwrap() error { return e.err }
-
-// handleError is ReverseProxy's single failure path. Attempts that are safe
-// to repeat become the attempt's result, for the forward loop; everything
-// else is answered here.
-func (p *Proxy) handleError(w http.ResponseWriter, r *http.Request, err error) {
-	a := attemptFrom(r.Context())
-	x := a.x
-	var retry *retryError
-	switch {
-	case errors.As(err, &retry):
-		a.result = outcome{retry: retry.reason, err: retry.err}
-		return
-	case isDialError(err):
-		// The connection was never established, so the backend never saw
-		// the request.
-		a.result = outcome{retry: reasonDial, err: err}
-		return
-	case r.Context().Err() != nil:
-		return // the client went away; nobody is listening
-	}
-	if errors.Is(err, errDuplicateSID) {
-		p.log.Warn("backend answered with more than one Mcp-Session-Id", "route", x.route.String(), "backend", a.ep.String())
-		writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend answered with more than one Mcp-Session-Id")
-		return
-	}
-	var swe *storeWriteError
-	if errors.As(err, &swe) {
-		p.log.Error("session record not written", "backend", a.ep.String(), "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "session store unavailable")
-		return
-	}
-	// The request may have reached the backend: sending it again could run
-	// a tools/call twice, so the client decides.
-	p.log.Warn("backend request failed", "route", x.route.String(), "backend", a.ep.String(), "err", err)
-	writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend failed after the request was sent; not retried")
 }
 
 // isDialError reports whether err is a failure to establish the connection.
@@ -765,15 +504,3 @@ func (p *Proxy) failReinit(w http.ResponseWriter, x *exchange, err error) {
 		writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "session re-initialization failed")
 	}
 }
-
-// bufferPool gives ReverseProxy reusable copy buffers; without one every
-// response allocates 32 KiB.
-type bufferPool struct{ pool *sync.Pool }
-
-var (
-	copyBuffers       = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-	streamCopyBuffers = sync.Pool{New: func() any { b := make([]byte, streamCopyBufferSize); return &b }}
-)
-
-func (p bufferPool) Get() []byte  { return *p.pool.Get().(*[]byte) }
-func (p bufferPool) Put(b []byte) { p.pool.Put(&b) }

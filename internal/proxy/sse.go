@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 )
@@ -16,14 +17,18 @@ func isEventStream(resp *http.Response) bool {
 	if ct == "" {
 		return false
 	}
+	if strings.IndexByte(ct, ';') < 0 {
+		// No parameters (what MCP servers send): mime.ParseMediaType would
+		// allocate a map on every response to say the same.
+		return strings.EqualFold(textproto.TrimString(ct), "text/event-stream")
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "text/event-stream"
 }
 
-// isStreaming is the flush decision: a response is relayed event by event,
-// never buffered, when it is an SSE stream or has no declared length (a
-// streamed body). ReverseProxy applies the same rule; tether keeps its own
-// copy so the rule is pinned by a test and shared with shutdown accounting.
+// isStreaming reports whether a response is relayed as it arrives rather
+// than buffered: an SSE stream (flushed at each event boundary), or a body
+// of no declared length (flushed after each read). See relay.
 func isStreaming(resp *http.Response) bool {
 	return isEventStream(resp) || resp.ContentLength == -1
 }

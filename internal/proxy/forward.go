@@ -1,0 +1,642 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/tether-mcp/tether/internal/session"
+)
+
+// The forward step. One attempt builds the request for its backend, sends
+// it, and reads the answer's head: the record step (a new session's record,
+// a moved session's id, a DELETE's end) or the reason the attempt may be
+// repeated. Only then does anything reach the client: relay copies the
+// answer, and answerFailure explains a failure.
+//
+// tether does this itself rather than with httputil.ReverseProxy, whose
+// generality costs on every request: it clones the whole request, keeps an
+// attempt's state in the request context for its callbacks, copies every
+// header value, and for an SSE answer flushes the headers alone from a timer
+// goroutine, then flushes again after each body write, so that the usual
+// one-event answer to a POST leaves in three writes (bench/README.md,
+// "Profile"). Here a complete answer leaves in one, and a stream is flushed
+// at each event boundary as the events arrive.
+
+// outcome is how one forwarding attempt ended.
+type outcome struct {
+	// retry says why the attempt failed in a way that is safe to repeat
+	// (the request was never processed); "" when it is not.
+	retry string
+	err   error
+	// resp is the backend's answer, for the client, when the attempt
+	// succeeded (retry and err empty). Its headers are already rewritten
+	// for the client.
+	resp *http.Response
+}
+
+// forwardOnce makes one attempt and gives its result to the client, unless
+// the attempt may be repeated. It is the only place that counts requests in
+// flight, and the deferred End runs however the attempt ends: a response
+// whose client hung up mid-stream is aborted with panic(http.ErrAbortHandler),
+// which skips everything but defers.
+func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange) outcome {
+	// A GET stream is an idle channel for server messages, not work in
+	// flight: counting it would add a constant per session to the load.
+	if x.class.Kind != KindStream {
+		x.ep.Begin()
+		defer x.ep.End()
+	}
+	o := p.attempt(r, x)
+	switch {
+	case o.retry != "":
+	case o.err != nil:
+		p.answerFailure(w, r, x, o.err)
+	default:
+		p.relay(w, r, x, o.resp)
+	}
+	return o
+}
+
+// attempt sends the request to x.ep and classifies the answer. It writes
+// nothing to the client; what it changes is the session store (the record
+// step) and x.newSID.
+func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
+	out := p.outgoingRequest(r, x)
+	resp, err := p.transport.RoundTrip(out)
+	if err != nil {
+		if isDialError(err) {
+			// The connection was never established, so the backend never
+			// saw the request.
+			return outcome{retry: reasonDial, err: err}
+		}
+		return outcome{err: err}
+	}
+	removeHopByHopHeaders(resp.Header)
+	if o := p.record(r, x, out, resp); o.retry != "" || o.err != nil {
+		resp.Body.Close()
+		return o
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// tether strips Upgrade from every request (stripUpgrade), so a
+		// switch was never asked for: the answer cannot be relayed.
+		resp.Body.Close()
+		return outcome{err: errUnaskedSwitch}
+	}
+	return outcome{resp: resp}
+}
+
+var errUnaskedSwitch = errors.New("backend switched protocols without being asked to")
+
+// outgoingRequest builds the request for the current attempt's backend:
+// the client's request, without hop-by-hop headers, with the session id the
+// backend knows, Host, Origin and the forwarding headers as the client sent
+// them, and the body read by classify.
+func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
+	o := &x.first
+	if x.attempts > 0 {
+		// An earlier attempt's request may still be read by the transport
+		// (a write that outlives a failed round trip): never reuse it.
+		o = new(outgoing)
+	}
+	x.attempts++
+	ep := x.ep
+
+	setOutgoingURL(&o.url, ep.URL, r.URL)
+
+	h := outgoingHeader(r.Header)
+	out := &http.Request{
+		Method:     r.Method,
+		URL:        &o.url,
+		Proto:      r.Proto,
+		ProtoMajor: r.ProtoMajor,
+		ProtoMinor: r.ProtoMinor,
+		Header:     h,
+		// Keep Host and Origin as the client sent them: MCP servers check
+		// both against DNS rebinding, and go-sdk answers 403 to a foreign
+		// Host.
+		Host:    r.Host,
+		Trailer: r.Trailer,
+	}
+	if body := x.class.Body; body != nil {
+		o.body.Reset(body)
+		out.Body = o
+		if x.getBody == nil {
+			x.getBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		}
+		// Set, the transport can send the request again on another
+		// connection when the first one turns out dead before a byte left
+		// (errStaleConn, retryUnread).
+		out.GetBody = x.getBody
+		out.ContentLength = int64(len(body))
+		h.Del("Content-Length") // the transport writes it from ContentLength
+	}
+
+	if x.span != nil {
+		// The backend's spans become children of this request's span.
+		p.propagator.Inject(r.Context(), propagation.HeaderCarrier(h))
+	}
+
+	switch x.route {
+	case RouteNew, RouteStateless:
+		h.Del(headerSessionID)
+	default:
+		setHeader(h, headerSessionID, x.backendSID)
+		if id, ok := backendEventID(r.Header.Get(headerLastEventID), x.rec.Reinits); ok {
+			setHeader(h, headerLastEventID, id)
+		} else {
+			h.Del(headerLastEventID)
+		}
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		// Without one the transport would send Go's own.
+		h["User-Agent"] = emptyValue
+	}
+	return out.WithContext(r.Context())
+}
+
+// setOutgoingURL sets u to the request URL in aimed at the backend base:
+// its path and query after base's, as net/http/httputil joins them.
+func setOutgoingURL(u *url.URL, base, in *url.URL) {
+	*u = *in
+	u.Scheme, u.Host = base.Scheme, base.Host
+	u.Path, u.RawPath = joinURLPath(base, in)
+	u.RawQuery = cleanQueryParams(in.RawQuery)
+	if q := base.RawQuery; q != "" {
+		if u.RawQuery == "" {
+			u.RawQuery = q
+		} else {
+			u.RawQuery = q + "&" + u.RawQuery
+		}
+	}
+}
+
+// outgoing is what an attempt's request points at: its URL, and its body,
+// which it reads itself (one allocation less than a reader of its own).
+type outgoing struct {
+	url  url.URL
+	body bytes.Reader
+}
+
+// Read and Close make the attempt the outgoing request's body.
+func (o *outgoing) Read(b []byte) (int, error) { return o.body.Read(b) }
+func (o *outgoing) Close() error               { return nil }
+
+// emptyValue is a header's value list holding "". Shared: header values are
+// replaced, never written in place.
+var emptyValue = []string{""}
+
+// setHeader sets h[name] to v, keeping the slice it already has when that
+// holds exactly v (the common case: a session id the backend shares with the
+// client), which spares an allocation.
+func setHeader(h http.Header, name, v string) {
+	if cur := h[name]; len(cur) == 1 && cur[0] == v {
+		return
+	}
+	h[name] = []string{v}
+}
+
+var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// outgoingHeader is the client's header for the backend. The map is new;
+// the value lists are the client's, shared (no one writes into them).
+func outgoingHeader(in http.Header) http.Header {
+	h := make(http.Header, len(in)+1)
+	for k, vv := range in {
+		h[k] = vv
+	}
+	removeHopByHopHeaders(h)
+	// Backends that support trailers are told tether does, when the client
+	// said it does (as net/http/httputil does, golang/go#21096).
+	if headerValuesContainToken(in["Te"], "trailers") {
+		h.Set("Te", "trailers")
+	}
+	// A sidecar is transparent: what the proxy in front said about the
+	// original client is kept, even where a Connection header names it,
+	// and no hop of tether's own is added.
+	for _, name := range forwardingHeaders {
+		if v, ok := in[name]; ok {
+			h[name] = v
+		}
+	}
+	return h
+}
+
+// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1, and the older
+// ones of RFC 2616 13.5.1 that clients still send): they concern one
+// connection and are never forwarded, in either direction.
+var hopHeaders = []string{
+	"Connection",
+	"Proxy-Connection", // non-standard, still sent by libcurl
+	"Keep-Alive",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",      // canonical form of "TE"
+	"Trailer", // the announcement; trailers themselves are relayed
+	"Transfer-Encoding",
+	"Upgrade",
+}
+
+// removeHopByHopHeaders removes the headers a Connection header names, then
+// the hop-by-hop ones.
+func removeHopByHopHeaders(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, f := range hopHeaders {
+		delete(h, f)
+	}
+}
+
+// headerValuesContainToken reports whether a comma-separated header value
+// list holds token, case-insensitively.
+func headerValuesContainToken(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// joinURLPath joins a backend's base path and the request's path, as
+// net/http/httputil does.
+func joinURLPath(a, b *url.URL) (path, rawpath string) {
+	if a.RawPath == "" && b.RawPath == "" {
+		return joinSlash(a.Path, b.Path), ""
+	}
+	apath, bpath := a.EscapedPath(), b.EscapedPath()
+	aslash, bslash := strings.HasSuffix(apath, "/"), strings.HasPrefix(bpath, "/")
+	switch {
+	case aslash && bslash:
+		return a.Path + b.Path[1:], apath + bpath[1:]
+	case !aslash && !bslash:
+		return a.Path + "/" + b.Path, apath + "/" + bpath
+	}
+	return a.Path + b.Path, apath + bpath
+}
+
+// joinSlash joins two paths with exactly one slash between them. (Unlike
+// singleJoiningSlash, an empty b still gets the slash, as net/http/httputil
+// gives it; a base without a path costs no allocation.)
+func joinSlash(a, b string) string {
+	aslash, bslash := strings.HasSuffix(a, "/"), strings.HasPrefix(b, "/")
+	switch {
+	case aslash && bslash:
+		return a + b[1:]
+	case !aslash && !bslash:
+		return a + "/" + b
+	}
+	return a + b
+}
+
+// maxQueryParams is where a query is re-encoded rather than passed on (Go's
+// own bound on what url.ParseQuery parses).
+const maxQueryParams = 10000
+
+// cleanQueryParams drops the query parameters a Go backend could not parse
+// (';' separators, bad escapes), as net/http/httputil does: a backend and
+// tether must not read different parameters from one request.
+func cleanQueryParams(s string) string {
+	reencode := func(s string) string {
+		v, _ := url.ParseQuery(s)
+		return v.Encode()
+	}
+	if strings.Count(s, "&")+1 > maxQueryParams {
+		return reencode(s)
+	}
+	for i := 0; i < len(s); {
+		switch s[i] {
+		case ';':
+			return reencode(s)
+		case '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return reencode(s)
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return s
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// record is the record step: it runs after the backend answered and before
+// anything reaches the client. It returns a retry reason when the attempt
+// is safe to repeat, an error when the answer must not reach the client.
+func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *http.Response) outcome {
+	ctx := r.Context()
+	ep := x.ep
+	if len(resp.Header[headerSessionID]) > 1 {
+		// Which one would the client keep? Clients fail a session whose id
+		// changes, and a record keyed by the wrong one strands the session.
+		return outcome{err: errDuplicateSID}
+	}
+	if x.rec != nil && resp.StatusCode == http.StatusNotFound && x.class.Kind != KindDelete {
+		lost, err := p.sessionLost(resp)
+		if err != nil {
+			return outcome{err: err}
+		}
+		if lost {
+			// The backend does not know the session: it restarted, or
+			// expired the session. The request was refused, not processed,
+			// so it is safe to re-initialize and send it again.
+			return outcome{retry: reasonLost}
+		}
+		// A 404 that answers the request itself (an unknown method under
+		// MCP 2026-07-28, a missing resource) goes to the client as it is.
+	}
+
+	switch {
+	case x.route == RouteNew:
+		sid := resp.Header.Get(headerSessionID)
+		if resp.StatusCode/100 != 2 || sid == "" {
+			break // a refused initialize, or a stateless server
+		}
+		if !validSessionID(sid) {
+			return outcome{err: errBadBackendSID}
+		}
+		now := p.now()
+		rec := &session.Record{
+			ClientSID:       sid,
+			BackendID:       ep.ID,
+			BackendURL:      ep.String(),
+			BackendSID:      sid,
+			Init:            x.class.Body,
+			ProtocolVersion: x.class.ProtocolVersion,
+			Principal:       p.principal.digest(out.Header),
+			Created:         now,
+			LastUsed:        now,
+		}
+		// Written before the response is released, so the client's next
+		// request always finds its session.
+		err := p.store.Create(ctx, rec)
+		if errors.Is(err, session.ErrExists) {
+			// Another backend minted the same id and a live session holds
+			// it: this one must not take it over. Its answer never reached
+			// the client, so the backend session is ended and the
+			// initialize tried elsewhere.
+			resp.Body.Close()
+			p.log.Warn("backend minted a session id that a live session holds; initializing elsewhere",
+				"session", session.HashID(sid), "backend", ep.String())
+			p.deleteLater(ep, sid, p.replayContextOf(out.Host, r.URL.Path, out.Header, x, reasonIDTaken))
+			return outcome{retry: reasonIDTaken, err: err}
+		}
+		if err != nil {
+			return outcome{err: &storeWriteError{err}}
+		}
+		ep.AddSessions(1)
+		x.newSID = sid
+	case x.rec != nil:
+		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
+			// Never let the new backend's id leak: clients fail a session
+			// whose id changes under them.
+			resp.Header.Set(headerSessionID, x.rec.ClientSID)
+		}
+		if x.class.Kind == KindDelete && (resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound) {
+			p.endSession(ctx, x.rec)
+		}
+		if x.rec.Reinits > 0 && isEventStream(resp) {
+			resp.Body = newEventIDTagger(resp.Body, x.rec.Reinits)
+			// Tagging lengthens the body: its length is no longer known.
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+		}
+	}
+	return outcome{}
+}
+
+var (
+	errBadBackendSID = errors.New("backend minted an invalid Mcp-Session-Id")
+	errDuplicateSID  = errors.New("backend sent more than one Mcp-Session-Id")
+)
+
+type storeWriteError struct{ err error }
+
+func (e *storeWriteError) Error() string { return "session store write failed: " + e.err.Error() }
+func (e *storeWriteError) Unwrap() error { return e.err }
+
+// answerFailure answers an attempt that failed and may not be repeated.
+func (p *Proxy) answerFailure(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; nobody is listening
+	}
+	if errors.Is(err, errDuplicateSID) {
+		p.log.Warn("backend answered with more than one Mcp-Session-Id", "route", x.route.String(), "backend", x.ep.String())
+		writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend answered with more than one Mcp-Session-Id")
+		return
+	}
+	var swe *storeWriteError
+	if errors.As(err, &swe) {
+		p.log.Error("session record not written", "backend", x.ep.String(), "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "session store unavailable")
+		return
+	}
+	// The request may have reached the backend: sending it again could run
+	// a tools/call twice, so the client decides.
+	p.log.Warn("backend request failed", "route", x.route.String(), "backend", x.ep.String(), "err", err)
+	writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend failed after the request was sent; not retried")
+}
+
+// relay copies the backend's answer to the client: headers, body,
+// trailers. A complete answer is written without a flush, so the server
+// sends it (headers, body and the final chunk) in one write when the
+// handler returns; a stream is flushed at each event boundary as it
+// arrives. A body that fails midway aborts the response
+// (panic(http.ErrAbortHandler)), so the client sees it cut off rather than
+// complete.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp *http.Response) {
+	h := w.Header()
+	for k, vv := range resp.Header {
+		// The backend's value lists become the client's: the response is
+		// tether's alone, and nobody writes into a header's values.
+		if prev, ok := h[k]; ok {
+			h[k] = append(prev, vv...)
+		} else {
+			h[k] = vv
+		}
+	}
+	// The transport takes the Trailer header into resp.Trailer: announce
+	// the trailers again.
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		h.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+
+	mode := flushNever
+	switch {
+	case isEventStream(resp):
+		mode = flushEvents
+	case isStreaming(resp):
+		mode = flushReads
+	}
+	pool := &copyBuffers
+	if x.class.Kind == KindStream {
+		// GET streams are long-lived and mostly idle: they copy through
+		// small buffers (streamCopyBufferSize) so that thousands of them
+		// stay cheap.
+		pool = &streamCopyBuffers
+		if mode != flushNever {
+			// Clients see the stream open before its first event, which
+			// may be long in coming.
+			flush(w)
+		}
+	}
+	buf := pool.Get().(*[]byte)
+	err := copyBody(w, resp.Body, *buf, mode)
+	pool.Put(buf)
+	if err != nil {
+		resp.Body.Close()
+		if !errors.Is(err, errClientWrite) && !errors.Is(err, r.Context().Err()) {
+			p.log.Debug("backend body read failed", "backend", x.ep.String(), "err", err)
+		}
+		if r.Context().Value(http.ServerContextKey) == nil {
+			// Not under an http.Server, which would recover the panic
+			// (a handler called directly, as in a benchmark): stop here.
+			return
+		}
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close() // now, to populate resp.Trailer
+
+	if len(resp.Trailer) > 0 {
+		// Chunked, even if short: a Content-Length answer has no trailers.
+		flush(w)
+	}
+	if len(resp.Trailer) == announced {
+		for k, vv := range resp.Trailer {
+			for _, v := range vv {
+				h.Add(k, v)
+			}
+		}
+		return
+	}
+	// Trailers that were not announced in the headers.
+	for k, vv := range resp.Trailer {
+		for _, v := range vv {
+			h.Add(http.TrailerPrefix+k, v)
+		}
+	}
+}
+
+// When a response is flushed to the client while its body is copied.
+type flushMode uint8
+
+const (
+	// flushNever: a body of known length, not a stream. The server's
+	// buffer decides; the rest leaves when the handler returns.
+	flushNever flushMode = iota
+	// flushEvents: an SSE stream, flushed whenever what was copied ends
+	// an event.
+	flushEvents
+	// flushReads: a body of unknown length that is not SSE, flushed after
+	// every read.
+	flushReads
+)
+
+// errClientWrite marks a failed write to the client.
+var errClientWrite = errors.New("write to client failed")
+
+// copyBody copies body to w through buf. Nothing is flushed when a read
+// returns the end of the body with its last bytes: the answer is complete,
+// and the server sends what is buffered, with the final chunk, at once
+// when the handler returns.
+func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, mode flushMode) error {
+	var tail eventTail
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			nw, werr := w.Write(buf[:n])
+			if werr != nil {
+				return errors.Join(errClientWrite, werr)
+			}
+			if nw != n {
+				return errors.Join(errClientWrite, io.ErrShortWrite)
+			}
+			if rerr == nil && (mode == flushReads || mode == flushEvents && tail.endsEvent(buf[:n])) {
+				if err := flush(w); err != nil {
+					return errors.Join(errClientWrite, err)
+				}
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// flush sends what the server holds of the response to the client. A
+// writer that cannot flush (a handler called outside an http.Server) is
+// not an error.
+func flush(w http.ResponseWriter) error {
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// eventTail remembers the last bytes of an SSE stream, so that the end of
+// an event is recognised when the blank line that ends it is split across
+// reads.
+type eventTail struct {
+	last [3]byte
+	n    int
+}
+
+// endsEvent appends b to the stream and reports whether the stream now
+// ends with an event: a line terminator (CRLF, LF or CR) followed by an
+// empty line.
+func (t *eventTail) endsEvent(b []byte) bool {
+	// Keep the last three bytes of the stream.
+	if len(b) >= len(t.last) {
+		t.n = copy(t.last[:], b[len(b)-len(t.last):])
+	} else {
+		keep := min(t.n, len(t.last)-len(b))
+		copy(t.last[:], t.last[t.n-keep:t.n])
+		t.n = keep + copy(t.last[keep:], b)
+	}
+	s := t.last[:t.n]
+	if len(s) < 2 || !isEOL(s[len(s)-1]) || !isEOL(s[len(s)-2]) {
+		return false
+	}
+	if s[len(s)-2] == '\r' && s[len(s)-1] == '\n' {
+		// One CRLF: an event ends only if a terminator precedes it.
+		return len(s) == 3 && isEOL(s[0])
+	}
+	return true
+}
+
+func isEOL(c byte) bool { return c == '\n' || c == '\r' }
+
+// Copy buffers, pooled: without them every response allocates its buffer.
+// The pools hold pointers, so that putting a buffer back allocates nothing.
+var (
+	copyBuffers       = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+	streamCopyBuffers = sync.Pool{New: func() any { b := make([]byte, streamCopyBufferSize); return &b }}
+)
