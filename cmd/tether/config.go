@@ -253,7 +253,7 @@ func (c config) validate() error {
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	}
 	if _, err := telemetry.ParseLevel(c.LogLevel); err != nil {
-		return err
+		return fmt.Errorf("--log-level %w", err)
 	}
 	for _, addr := range []struct{ flag, value string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(addr.value); err != nil {
@@ -262,10 +262,10 @@ func (c config) validate() error {
 	}
 	if c.K8sService != "" {
 		if _, err := discovery.ParseServiceRef(c.K8sService); err != nil {
-			return err
+			return fmt.Errorf("--k8s-service %w", err)
 		}
 		if _, err := discovery.ParsePortSelector(c.K8sPort); err != nil {
-			return err
+			return fmt.Errorf("--k8s-port %w", err)
 		}
 	}
 	if c.RedisURL != "" {
@@ -283,7 +283,7 @@ func (c config) validate() error {
 	}
 	for _, b := range c.Backends {
 		if _, err := discovery.ParseBackendURL(b); err != nil {
-			return err
+			return fmt.Errorf("--backends: %w", err)
 		}
 	}
 	return nil

@@ -32,6 +32,20 @@ func injectFlags(fs *flag.FlagSet, c *inject.Config) {
 	fs.DurationVar(&c.PreStopSleep, "prestop-sleep", c.PreStopSleep, "classic sidecar only: preStop sleep that keeps tether up while the proxy drains (sleep action: Kubernetes >= 1.30; 0 disables)")
 }
 
+// withInjectFlag adds to an injection error the flag that settles it: the
+// inject package names only the annotations.
+func withInjectFlag(err error) error {
+	switch {
+	case errors.Is(err, inject.ErrNoImage):
+		return fmt.Errorf("%w; --image sets one for every object", err)
+	case errors.Is(err, inject.ErrNoService):
+		return fmt.Errorf("%w; --service sets one for every object", err)
+	case errors.Is(err, inject.ErrLegacyFinite):
+		return fmt.Errorf("%w; drop --legacy-sidecar", err)
+	}
+	return err
+}
+
 // envDefaults sets every flag of fs that has a TETHER_<UPPER_SNAKE>
 // variable, before the command line is parsed (which then wins).
 func envDefaults(fs *flag.FlagSet, getenv func(string) string) error {
@@ -110,6 +124,7 @@ Running it again changes nothing.
 		}
 		b, rs, err := inj.Stream(src)
 		if err != nil {
+			err = withInjectFlag(err)
 			if name != "-" {
 				return fmt.Errorf("%s: %w", name, err)
 			}

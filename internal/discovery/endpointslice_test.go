@@ -255,7 +255,7 @@ func TestMergeSlices(t *testing.T) {
 				v4("b", mcpPort, ips("10.0.0.2")...),
 			},
 			want:         []string{"uid-10.0.0.2/10.0.0.2:8080 http://10.0.0.2:8080 ready"},
-			wantProblems: []string{"slice a: more than one TCP port and no --k8s-port to choose: its TCP ports are mcp=8080, metrics=9090"},
+			wantProblems: []string{"slice a: more than one TCP port and no port selected to choose one: its TCP ports are mcp=8080, metrics=9090"},
 		},
 		{
 			name: "default ignores UDP ports and ports without a number; nil protocol is TCP; unnamed port",

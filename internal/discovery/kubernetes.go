@@ -55,7 +55,7 @@ func NewKubernetes(o KubernetesOptions) (*Kubernetes, error) {
 		return nil, errors.New("kubernetes source: no client")
 	}
 	if _, err := ParseServiceRef(o.Service.String()); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kubernetes source: Service %w", err)
 	}
 	log := o.Logger
 	if log == nil {

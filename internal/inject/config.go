@@ -185,14 +185,23 @@ func (c Config) With(ann map[string]string) (Config, error) {
 	return c, nil
 }
 
-// Validate reports the first problem of c, naming the setting as both a
-// flag and an annotation would.
+// Errors of an injection that its caller may complete with how its own
+// options set the value (a flag, say); this package names the annotations.
+var (
+	ErrNoImage   = errors.New("no image (annotation " + AnnotationImage + ")")
+	ErrNoService = errors.New("no backend Service (annotation " + AnnotationService + ": NAME or NAMESPACE/NAME)")
+	// ErrLegacyFinite: Config.Legacy for pods that run to completion.
+	ErrLegacyFinite = errors.New("a classic sidecar never exits, so these pods would never complete: use the native sidecar (Kubernetes ≥ 1.29)")
+)
+
+// Validate reports the first problem of c, naming the setting by the
+// suffix of its annotation (which the commands' flags share).
 func (c Config) Validate() error {
 	if c.Image == "" {
-		return errors.New("no image (--image or annotation " + AnnotationImage + ")")
+		return ErrNoImage
 	}
 	if c.Service == "" {
-		return errors.New("no backend Service: set --service or the annotation " + AnnotationService + " (NAME or NAMESPACE/NAME)")
+		return ErrNoService
 	}
 	ref := c.Service
 	if !strings.Contains(ref, "/") {

@@ -144,7 +144,7 @@ func (t template) optedOut() bool {
 func (t template) apply(c Config) (Result, error) {
 	res := Result{Object: t.obj}
 	if c.Legacy && t.kind.finite || c.Legacy && t.kind.path == nil && isFinitePod(t.spec) {
-		return res, fmt.Errorf("%s: a classic sidecar never exits, so these pods would never complete: use the native sidecar (drop --legacy-sidecar; Kubernetes ≥ 1.29)", t.obj)
+		return res, fmt.Errorf("%s: %w", t.obj, ErrLegacyFinite)
 	}
 	want, err := toNode(c.Container())
 	if err != nil {
