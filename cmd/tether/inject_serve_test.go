@@ -31,7 +31,7 @@ func TestInjectedSidecarParsesWithServe(t *testing.T) {
 		args: []string{"--service=mcp-fetch"},
 		want: func(c *config) {
 			c.K8sService = namespace + "/mcp-fetch"
-			c.ShutdownGrace = inject.DefaultShutdownGrace
+			c.ShutdownGrace = inject.DefaultConfig("").ShutdownGrace
 		},
 	}, {
 		name: "every option that reaches serve",

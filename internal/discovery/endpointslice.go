@@ -137,8 +137,8 @@ func (p PortSelector) choosePort(ports []discoveryv1.EndpointPort) (port discove
 	return port, fmt.Errorf("more than one TCP port and no port selected to choose one: %s", describe())
 }
 
-// Merged is the result of merging a Service's EndpointSlices.
-type Merged struct {
+// merged is the result of merging a Service's EndpointSlices.
+type merged struct {
 	// Snapshot holds the endpoints that are Ready or Fenced, sorted by ID.
 	Snapshot Snapshot
 	// Pods maps endpoint IDs to "namespace/name" of their pod (targetRef),
@@ -151,7 +151,7 @@ type Merged struct {
 	Problems []string
 }
 
-// MergeSlices turns all EndpointSlices of one Service into a Snapshot
+// mergeSlices turns all EndpointSlices of one Service into a Snapshot
 // (DESIGN §5), the way kube-proxy's endpointslicecache does:
 //
 //   - every slice counts; FQDN slices are skipped (tether dials IPs);
@@ -170,7 +170,7 @@ type Merged struct {
 //   - the ID is targetRef.uid + "/" + host:port ("3f1c.../10.0.0.7:8080"),
 //     or host:port alone without a targetRef: an address reused by a new pod
 //     is a new endpoint.
-func MergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) Merged {
+func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 	sorted := slices.DeleteFunc(slices.Clone(in), func(s *discoveryv1.EndpointSlice) bool { return s == nil })
 	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
@@ -230,7 +230,7 @@ func MergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) Merged {
 		}
 	}
 
-	m := Merged{Snapshot: Snapshot{Endpoints: []Endpoint{}}, Pods: map[string]string{}}
+	m := merged{Snapshot: Snapshot{Endpoints: []Endpoint{}}, Pods: map[string]string{}}
 	for _, c := range best {
 		if c.rank == 0 {
 			continue
