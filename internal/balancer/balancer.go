@@ -244,9 +244,10 @@ func (b *Balancer) Pick(exclude *Endpoint) (*Endpoint, error) {
 	return b.picker.Pick(cands), nil
 }
 
-// PickExplained is Pick for a traced request: it also appends to weighed
-// the candidates the picker compared, with the loads it saw. It is slower
-// than Pick and is used only when tracing is on.
+// PickExplained is Pick that also appends to weighed the candidates the
+// picker compared, with the loads it saw. It is slower than Pick; the
+// routing layer uses it where the choice is explained later: placements of
+// new sessions, re-initializations, and traced requests.
 func (b *Balancer) PickExplained(exclude *Endpoint, weighed []Candidate) (*Endpoint, []Candidate, error) {
 	cands := b.current.Load().candidates(exclude)
 	if len(cands) == 0 {

@@ -170,7 +170,7 @@ func New(cfg Config) *Proxy {
 		ErrorHandler:   p.handleError,
 		BufferPool:     bufferPool{&copyBuffers},
 		// FlushInterval 0: ReverseProxy already flushes text/event-stream
-		// and unknown-length bodies after every write (see isStreaming).
+		// and unknown-length bodies after every write.
 		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 	// GET streams are long-lived and mostly idle: they copy through small

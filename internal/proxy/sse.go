@@ -20,14 +20,6 @@ func isEventStream(resp *http.Response) bool {
 	return err == nil && mt == "text/event-stream"
 }
 
-// isStreaming is the flush decision: a response is relayed event by event,
-// never buffered, when it is an SSE stream or has no declared length (a
-// streamed body). ReverseProxy applies the same rule; tether keeps its own
-// copy so the rule is pinned by a test and shared with shutdown accounting.
-func isStreaming(resp *http.Response) bool {
-	return isEventStream(resp) || resp.ContentLength == -1
-}
-
 // Event ids are tagged with the session's re-initialization generation once
 // a session has moved, so that a Last-Event-ID only ever reaches the backend
 // that issued it: a resumption id from the lost pod means nothing to the new
