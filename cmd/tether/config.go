@@ -21,8 +21,9 @@ import (
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
-// config is the serve command's configuration (DESIGN §6). Every flag can
-// also be set as TETHER_<UPPER_SNAKE>; a flag on the command line wins.
+// config is the serve command's configuration (docs/design.md#contracts).
+// Every flag can also be set as TETHER_<UPPER_SNAKE>; a flag on the command
+// line wins.
 type config struct {
 	Listen        string
 	AdminListen   string
@@ -66,7 +67,7 @@ type config struct {
 	PrincipalHeaders []string
 	PrincipalKeyFile string
 	PrincipalKey     string
-	// Client limits (DESIGN §11).
+	// Client limits (docs/design.md#limits).
 	MaxInflightBodyBytes      int64
 	BodyTimeout               time.Duration
 	MaxStreams                int

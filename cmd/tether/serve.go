@@ -29,7 +29,7 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return log
 }
 
-// Limits of the listeners (DESIGN §11; the request-body limits are the
+// Limits of the listeners (docs/design.md#limits; the request-body limits are the
 // proxy's, see proxy.Config).
 const (
 	// clientHeaderTimeout: the request line and headers must arrive within

@@ -152,7 +152,8 @@ type merged struct {
 }
 
 // mergeSlices turns all EndpointSlices of one Service into a Snapshot
-// (DESIGN §5), the way kube-proxy's endpointslicecache does:
+// (docs/design.md#endpoints-and-their-states), the way kube-proxy's
+// endpointslicecache does:
 //
 //   - every slice counts; FQDN slices are skipped (tether dials IPs);
 //   - the port is chosen per slice by sel;
