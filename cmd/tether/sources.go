@@ -31,7 +31,7 @@ func newSource(cfg config, log *slog.Logger) (discovery.Source, error) {
 	case err != nil && cfg.Kubeconfig != "":
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	case err != nil:
-		return nil, fmt.Errorf("%w (--kubeconfig names a file)", err)
+		return nil, fmt.Errorf("%w; --kubeconfig names a kubeconfig file", err)
 	}
 	return discovery.NewKubernetes(discovery.KubernetesOptions{Client: client, Service: svc, Port: port, Logger: log})
 }
