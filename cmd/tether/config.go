@@ -21,8 +21,9 @@ import (
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
-// config is the serve command's configuration (DESIGN §6). Every flag can
-// also be set as TETHER_<UPPER_SNAKE>; a flag on the command line wins.
+// config is the serve command's configuration (docs/design.md#contracts).
+// Every flag can also be set as TETHER_<UPPER_SNAKE>; a flag on the command
+// line wins.
 type config struct {
 	Listen        string
 	AdminListen   string
@@ -66,7 +67,7 @@ type config struct {
 	PrincipalHeaders []string
 	PrincipalKeyFile string
 	PrincipalKey     string
-	// Client limits (DESIGN §11).
+	// Client limits (docs/design.md#limits).
 	MaxInflightBodyBytes      int64
 	BodyTimeout               time.Duration
 	MaxStreams                int
@@ -104,10 +105,7 @@ func defaultConfig() config {
 // defaults. Errors are one line, suitable for "tether: <err>".
 func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	cfg := defaultConfig()
-	fs := flag.NewFlagSet("tether serve", flag.ContinueOnError)
-	// Errors come back as one line; the flag list is printed for -h only.
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {} // the flag package calls it on every error, not only for -h
+	fs := newFlagSet("tether serve")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address (HTTP/1.1 and h2c)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address: /healthz /readyz")
 	fs.Func("backends", "comma-separated static backend base URLs (standalone mode)", func(s string) error {
@@ -155,24 +153,10 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
 
 	// Environment first, so that the command line overrides it.
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := envName(f.Name)
-		if v := getenv(name); v != "" && envErr == nil {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %v", name, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return cfg, envErr
+	if err := envDefaults(fs, getenv); err != nil {
+		return cfg, err
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "usage: tether serve [flags]")
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-		}
+	if err := parseFlags(fs, args, "usage: tether serve [flags]", stderr); err != nil {
 		return cfg, err
 	}
 	if cfg.cacheSizeAlias != 0 {
@@ -190,12 +174,6 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 		return cfg, fmt.Errorf("unexpected argument %q", redactURL(fs.Arg(0)))
 	}
 	return cfg, cfg.validate()
-}
-
-// envName maps a flag name to its environment variable: max-body →
-// TETHER_MAX_BODY.
-func envName(flagName string) string {
-	return "TETHER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
 func splitList(s string) []string {
@@ -253,7 +231,7 @@ func (c config) validate() error {
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	}
 	if _, err := telemetry.ParseLevel(c.LogLevel); err != nil {
-		return err
+		return fmt.Errorf("--log-level %w", err)
 	}
 	for _, addr := range []struct{ flag, value string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
 		if _, _, err := net.SplitHostPort(addr.value); err != nil {
@@ -262,10 +240,10 @@ func (c config) validate() error {
 	}
 	if c.K8sService != "" {
 		if _, err := discovery.ParseServiceRef(c.K8sService); err != nil {
-			return err
+			return fmt.Errorf("--k8s-service %w", err)
 		}
 		if _, err := discovery.ParsePortSelector(c.K8sPort); err != nil {
-			return err
+			return fmt.Errorf("--k8s-port %w", err)
 		}
 	}
 	if c.RedisURL != "" {
@@ -283,7 +261,7 @@ func (c config) validate() error {
 	}
 	for _, b := range c.Backends {
 		if _, err := discovery.ParseBackendURL(b); err != nil {
-			return err
+			return fmt.Errorf("--backends: %w", err)
 		}
 	}
 	return nil

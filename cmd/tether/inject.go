@@ -32,38 +32,16 @@ func injectFlags(fs *flag.FlagSet, c *inject.Config) {
 	fs.DurationVar(&c.PreStopSleep, "prestop-sleep", c.PreStopSleep, "classic sidecar only: preStop sleep that keeps tether up while the proxy drains (sleep action: Kubernetes >= 1.30; 0 disables)")
 }
 
-// envDefaults sets every flag of fs that has a TETHER_<UPPER_SNAKE>
-// variable, before the command line is parsed (which then wins).
-func envDefaults(fs *flag.FlagSet, getenv func(string) string) error {
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := envName(f.Name)
-		if v := getenv(name); v != "" && err == nil {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %v", name, v, e)
-			}
-		}
-	})
-	return err
-}
-
-// newFlagSet returns a flag set whose errors are one line (parseFlags
-// prints the usage for -h only).
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return fs
-}
-
-// parseFlags parses args; for -h it prints synopsis and the flags.
-func parseFlags(fs *flag.FlagSet, args []string, synopsis string, stderr io.Writer) error {
-	err := fs.Parse(args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, synopsis)
-		fs.SetOutput(stderr)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+// withInjectFlag adds to an injection error the flag that settles it: the
+// inject package names only the annotations.
+func withInjectFlag(err error) error {
+	switch {
+	case errors.Is(err, inject.ErrNoImage):
+		return fmt.Errorf("%w; --image sets one for every object", err)
+	case errors.Is(err, inject.ErrNoService):
+		return fmt.Errorf("%w; --service sets one for every object", err)
+	case errors.Is(err, inject.ErrLegacyFinite):
+		return fmt.Errorf("%w; drop --legacy-sidecar", err)
 	}
 	return err
 }
@@ -110,6 +88,7 @@ Running it again changes nothing.
 		}
 		b, rs, err := inj.Stream(src)
 		if err != nil {
+			err = withInjectFlag(err)
 			if name != "-" {
 				return fmt.Errorf("%s: %w", name, err)
 			}

@@ -77,7 +77,10 @@ func TestInjectCommand(t *testing.T) {
 		args  []string
 		want  string
 	}{
-		{cliDeployment, nil, "no backend Service"},
+		// The inject package names the annotation; the command adds its flag.
+		{cliDeployment, nil, "no backend Service (annotation tether.dev/service: NAME or NAMESPACE/NAME); --service sets one for every object"},
+		{"apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec: {template: {spec: {restartPolicy: Never, containers: [{name: c, image: i}]}}}\n",
+			[]string{"--service=s", "--legacy-sidecar"}, "drop --legacy-sidecar"},
 		{cliDeployment, []string{"--service=s", "--balancer=x"}, `balancer "x"`},
 		{"kind: [", []string{"--service=s"}, "document 1 (line 1)"},
 		{"", []string{"--service=s", filepath.Join(dir, "missing.yaml")}, "no such file"},

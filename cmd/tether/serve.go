@@ -29,7 +29,7 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return log
 }
 
-// Limits of the listeners (DESIGN §11; the request-body limits are the
+// Limits of the listeners (docs/design.md#limits; the request-body limits are the
 // proxy's, see proxy.Config).
 const (
 	// clientHeaderTimeout: the request line and headers must arrive within
@@ -102,7 +102,9 @@ func newServer(cfg config, log *slog.Logger) (*server, error) {
 		return nil, err
 	}
 	s := &server{cfg: cfg, log: log}
-	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log})
+	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, OnUpdate: func(eps []*balancer.Endpoint) {
+		s.metrics.RetainBackends(endpointURLs(eps))
+	}})
 	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
 		Endpoints: s.endpointStats,
 		Store:     s.storeStats,
@@ -309,6 +311,15 @@ func (s *server) shutdown() {
 }
 
 // endpointStats is the balancer's view for the metrics scrape.
+// endpointURLs are the backend labels of eps' metric series.
+func endpointURLs(eps []*balancer.Endpoint) []string {
+	urls := make([]string, len(eps))
+	for i, e := range eps {
+		urls[i] = e.String()
+	}
+	return urls
+}
+
 func (s *server) endpointStats() []telemetry.EndpointStat {
 	eps := s.bal.Endpoints()
 	out := make([]telemetry.EndpointStat, len(eps))

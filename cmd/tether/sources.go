@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 
 	"k8s.io/klog/v2"
@@ -16,18 +17,21 @@ func newSource(cfg config, log *slog.Logger) (discovery.Source, error) {
 	}
 	svc, err := discovery.ParseServiceRef(cfg.K8sService)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--k8s-service %w", err)
 	}
 	port, err := discovery.ParsePortSelector(cfg.K8sPort)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--k8s-port %w", err)
 	}
 	// client-go logs through klog; send it to tether's log instead of raw
 	// stderr lines.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	client, err := discovery.KubeClient(cfg.Kubeconfig, "tether/"+version)
-	if err != nil {
-		return nil, err
+	switch {
+	case err != nil && cfg.Kubeconfig != "":
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	case err != nil:
+		return nil, fmt.Errorf("%w; --kubeconfig names a kubeconfig file", err)
 	}
 	return discovery.NewKubernetes(discovery.KubernetesOptions{Client: client, Service: svc, Port: port, Logger: log})
 }

@@ -107,7 +107,7 @@ re-read when they change. GET /healthz answers 200.
 		check.Service = "placeholder"
 	}
 	if err := check.Validate(); err != nil {
-		return c, err
+		return c, withInjectFlag(err)
 	}
 	return c, nil
 }

@@ -60,7 +60,7 @@ func TestWebhookAgainstAPIServer(t *testing.T) {
 	for ns, labels := range map[string]map[string]string{
 		"proxies": {"tether.dev/injection": "enabled"},
 		"plain":   nil,
-		"mcp":     nil, // inject/testdata/deployment.yaml's
+		"mcp":     nil, // internal/inject/testdata/deployment.yaml's
 	} {
 		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -169,11 +169,11 @@ func loadWebhookConfiguration(t *testing.T) *admissionregistrationv1.MutatingWeb
 	return &mwc
 }
 
-// dryRunGoldens creates every object of inject/testdata/*.golden.yaml with
+// dryRunGoldens creates every object of internal/inject/testdata/*.golden.yaml with
 // dryRun=All in namespace "proxies" (or its own).
 func dryRunGoldens(ctx context.Context, t *testing.T, c kubernetes.Interface) {
 	t.Helper()
-	files, err := filepath.Glob("../../inject/testdata/*.golden.yaml")
+	files, err := filepath.Glob("../../internal/inject/testdata/*.golden.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files (%v)", err)
 	}

@@ -58,6 +58,13 @@ type Options struct {
 	// Logger receives one info line per ejection and per readmission; nil
 	// discards.
 	Logger *slog.Logger
+	// OnUpdate, when set, is called by every Update once the new set is
+	// published, with that set sorted by ID (the slice is the callee's).
+	// It is how per-endpoint state kept elsewhere (metric series) learns
+	// that endpoints left. Calls are made under the writers' lock, so they
+	// arrive in the order of the updates; it must be quick and must not
+	// call Update or Eject.
+	OnUpdate func(endpoints []*Endpoint)
 }
 
 // Balancer holds the current endpoint set and picks from it.
@@ -74,6 +81,7 @@ type Balancer struct {
 	probe         func(ctx context.Context, e *Endpoint) error
 	probeInterval time.Duration
 	logger        *slog.Logger
+	onUpdate      func([]*Endpoint)
 
 	current atomic.Pointer[generation] // never nil
 	ready   atomic.Bool                // set by the first Update
@@ -113,6 +121,7 @@ func New(opts Options) *Balancer {
 		probe:         opts.Probe,
 		probeInterval: opts.ProbeInterval,
 		logger:        opts.Logger,
+		onUpdate:      opts.OnUpdate,
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -166,6 +175,9 @@ func (b *Balancer) Update(s discovery.Snapshot) {
 	slices.SortFunc(all, func(x, y *Endpoint) int { return strings.Compare(x.ID, y.ID) })
 	b.publishLocked(all)
 	b.ready.Store(true)
+	if b.onUpdate != nil {
+		b.onUpdate(slices.Clone(all))
+	}
 }
 
 func urlString(de discovery.Endpoint) string {
@@ -232,9 +244,10 @@ func (b *Balancer) Pick(exclude *Endpoint) (*Endpoint, error) {
 	return b.picker.Pick(cands), nil
 }
 
-// PickExplained is Pick for a traced request: it also appends to weighed
-// the candidates the picker compared, with the loads it saw. It is slower
-// than Pick and is used only when tracing is on.
+// PickExplained is Pick that also appends to weighed the candidates the
+// picker compared, with the loads it saw. It is slower than Pick; the
+// routing layer uses it where the choice is explained later: placements of
+// new sessions, re-initializations, and traced requests.
 func (b *Balancer) PickExplained(exclude *Endpoint, weighed []Candidate) (*Endpoint, []Candidate, error) {
 	cands := b.current.Load().candidates(exclude)
 	if len(cands) == 0 {

@@ -53,10 +53,11 @@ func (e *Endpoint) State() discovery.State { return discovery.State(e.state.Load
 // endpoint (Begin minus End).
 func (e *Endpoint) Inflight() int64 { return e.inflight.Load() }
 
-// Sessions is the number of live MCP sessions the routing layer has placed on
-// the endpoint. It is this process's view only: sessions created by other
-// tether replicas, or expired in a shared store without this process noticing,
-// are not counted, so treat it as a load signal, not an inventory.
+// Sessions is the number of live MCP sessions on the endpoint, as the
+// routing layer keeps it: with a store that counts sessions fleet-wide
+// (Redis) it is re-set to the fleet's count every second plus what this
+// replica did since; otherwise it is this replica's own count. It lags
+// other replicas' changes, so treat it as a load signal, not an inventory.
 func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 
 // Load is the score the load-aware pickers minimise: sessions + inflight,

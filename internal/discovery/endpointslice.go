@@ -31,22 +31,24 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 func isDNSLabel(s string) bool { return len(s) <= 63 && dnsLabel.MatchString(s) }
 
-// ParseServiceRef parses --k8s-service: NAMESPACE/NAME, both DNS labels.
+// ParseServiceRef parses NAMESPACE/NAME, both DNS labels. Its errors start
+// with the quoted value, so that a caller can put the setting's name before
+// them.
 func ParseServiceRef(s string) (ServiceRef, error) {
 	ns, name, ok := strings.Cut(s, "/")
 	if !ok || strings.Contains(name, "/") {
-		return ServiceRef{}, fmt.Errorf("--k8s-service %q: want NAMESPACE/NAME", s)
+		return ServiceRef{}, fmt.Errorf("%q: want NAMESPACE/NAME", s)
 	}
 	if !isDNSLabel(ns) {
-		return ServiceRef{}, fmt.Errorf("--k8s-service %q: namespace %q is not a DNS label (lowercase letters, digits and '-', at most 63)", s, ns)
+		return ServiceRef{}, fmt.Errorf("%q: namespace %q is not a DNS label (lowercase letters, digits and '-', at most 63)", s, ns)
 	}
 	if !isDNSLabel(name) {
-		return ServiceRef{}, fmt.Errorf("--k8s-service %q: name %q is not a DNS label (lowercase letters, digits and '-', at most 63)", s, name)
+		return ServiceRef{}, fmt.Errorf("%q: name %q is not a DNS label (lowercase letters, digits and '-', at most 63)", s, name)
 	}
 	return ServiceRef{Namespace: ns, Name: name}, nil
 }
 
-// PortSelector chooses the port of an EndpointSlice (--k8s-port). The zero
+// PortSelector chooses the port of an EndpointSlice. The zero
 // value means "the slice's only TCP port".
 //
 // EndpointSlice ports are the pods' (target) ports: Name is the Service
@@ -58,8 +60,9 @@ type PortSelector struct {
 	Number int32
 }
 
-// ParsePortSelector parses --k8s-port: a number 1..65535, a Service port
-// name (DNS label), or "" for the default.
+// ParsePortSelector parses a number 1..65535, a Service port name (DNS
+// label), or "" for the default. Its errors start with the quoted value,
+// like ParseServiceRef's.
 func ParsePortSelector(s string) (PortSelector, error) {
 	if s == "" {
 		return PortSelector{}, nil
@@ -67,12 +70,12 @@ func ParsePortSelector(s string) (PortSelector, error) {
 	if s[0] >= '0' && s[0] <= '9' {
 		n, err := strconv.ParseUint(s, 10, 16)
 		if err != nil || n == 0 {
-			return PortSelector{}, fmt.Errorf("--k8s-port %q: want a port number 1..65535 or a port name", s)
+			return PortSelector{}, fmt.Errorf("%q: want a port number 1..65535 or a port name", s)
 		}
 		return PortSelector{Number: int32(n)}, nil
 	}
 	if !isDNSLabel(s) {
-		return PortSelector{}, fmt.Errorf("--k8s-port %q: a port name is a DNS label (lowercase letters, digits and '-', at most 63)", s)
+		return PortSelector{}, fmt.Errorf("%q: a port name is a DNS label (lowercase letters, digits and '-', at most 63)", s)
 	}
 	return PortSelector{Name: s}, nil
 }
@@ -131,11 +134,11 @@ func (p PortSelector) choosePort(ports []discoveryv1.EndpointPort) (port discove
 	case len(tcp) == 0:
 		return port, fmt.Errorf("%s", describe())
 	}
-	return port, fmt.Errorf("more than one TCP port and no --k8s-port to choose: %s", describe())
+	return port, fmt.Errorf("more than one TCP port and no port selected to choose one: %s", describe())
 }
 
-// Merged is the result of merging a Service's EndpointSlices.
-type Merged struct {
+// merged is the result of merging a Service's EndpointSlices.
+type merged struct {
 	// Snapshot holds the endpoints that are Ready or Fenced, sorted by ID.
 	Snapshot Snapshot
 	// Pods maps endpoint IDs to "namespace/name" of their pod (targetRef),
@@ -148,8 +151,9 @@ type Merged struct {
 	Problems []string
 }
 
-// MergeSlices turns all EndpointSlices of one Service into a Snapshot
-// (DESIGN §5), the way kube-proxy's endpointslicecache does:
+// mergeSlices turns all EndpointSlices of one Service into a Snapshot
+// (docs/design.md#endpoints-and-their-states), the way kube-proxy's
+// endpointslicecache does:
 //
 //   - every slice counts; FQDN slices are skipped (tether dials IPs);
 //   - the port is chosen per slice by sel;
@@ -167,7 +171,7 @@ type Merged struct {
 //   - the ID is targetRef.uid + "/" + host:port ("3f1c.../10.0.0.7:8080"),
 //     or host:port alone without a targetRef: an address reused by a new pod
 //     is a new endpoint.
-func MergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) Merged {
+func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 	sorted := slices.DeleteFunc(slices.Clone(in), func(s *discoveryv1.EndpointSlice) bool { return s == nil })
 	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
@@ -227,7 +231,7 @@ func MergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) Merged {
 		}
 	}
 
-	m := Merged{Snapshot: Snapshot{Endpoints: []Endpoint{}}, Pods: map[string]string{}}
+	m := merged{Snapshot: Snapshot{Endpoints: []Endpoint{}}, Pods: map[string]string{}}
 	for _, c := range best {
 		if c.rank == 0 {
 			continue

@@ -255,7 +255,7 @@ func TestMergeSlices(t *testing.T) {
 				v4("b", mcpPort, ips("10.0.0.2")...),
 			},
 			want:         []string{"uid-10.0.0.2/10.0.0.2:8080 http://10.0.0.2:8080 ready"},
-			wantProblems: []string{"slice a: more than one TCP port and no --k8s-port to choose: its TCP ports are mcp=8080, metrics=9090"},
+			wantProblems: []string{"slice a: more than one TCP port and no port selected to choose one: its TCP ports are mcp=8080, metrics=9090"},
 		},
 		{
 			name: "default ignores UDP ports and ports without a number; nil protocol is TCP; unnamed port",
@@ -293,7 +293,7 @@ func TestMergeSlices(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := MergeSlices(tt.slices, tt.port)
+			m := mergeSlices(tt.slices, tt.port)
 			if diff := cmp.Diff(summarize(m.Snapshot), tt.want); diff != "" {
 				t.Errorf("endpoints (-got +want):\n%s", diff)
 			}
@@ -308,7 +308,7 @@ func TestMergeSlices(t *testing.T) {
 			// The merge does not depend on the order of its input.
 			rev := slices.Clone(tt.slices)
 			slices.Reverse(rev)
-			if diff := cmp.Diff(summarize(MergeSlices(rev, tt.port).Snapshot), tt.want); diff != "" {
+			if diff := cmp.Diff(summarize(mergeSlices(rev, tt.port).Snapshot), tt.want); diff != "" {
 				t.Errorf("reversed input: endpoints (-got +want):\n%s", diff)
 			}
 		})
@@ -317,7 +317,7 @@ func TestMergeSlices(t *testing.T) {
 
 // The pod names ride along for log lines.
 func TestMergeSlicesPods(t *testing.T) {
-	m := MergeSlices([]*discoveryv1.EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "", condReady})}, PortSelector{})
+	m := mergeSlices([]*discoveryv1.EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "", condReady})}, PortSelector{})
 	want := map[string]string{"u1/10.0.0.1:8080": "mcp/pod-10.0.0.1"}
 	if diff := cmp.Diff(m.Pods, want); diff != "" {
 		t.Errorf("pods (-got +want):\n%s", diff)
@@ -390,20 +390,20 @@ func TestDiffSnapshots(t *testing.T) {
 	}
 	old := mk("a http://a ready", "b http://b ready", "c http://c ready", "d http://d ready")
 	new := mk("b http://b fenced", "c http://c2 ready", "d http://d ready", "e http://e ready")
-	want := []Change{
-		{Kind: Removed, ID: "a", URL: "http://a", From: Ready},
-		{Kind: StateChanged, ID: "b", URL: "http://b", From: Ready, To: Fenced},
-		{Kind: Removed, ID: "c", URL: "http://c", From: Ready},
-		{Kind: Added, ID: "c", URL: "http://c2", To: Ready},
-		{Kind: Added, ID: "e", URL: "http://e", To: Ready},
+	want := []change{
+		{Kind: removed, ID: "a", URL: "http://a", From: Ready},
+		{Kind: stateChanged, ID: "b", URL: "http://b", From: Ready, To: Fenced},
+		{Kind: removed, ID: "c", URL: "http://c", From: Ready},
+		{Kind: added, ID: "c", URL: "http://c2", To: Ready},
+		{Kind: added, ID: "e", URL: "http://e", To: Ready},
 	}
-	if diff := cmp.Diff(DiffSnapshots(old, new), want); diff != "" {
+	if diff := cmp.Diff(diffSnapshots(old, new), want); diff != "" {
 		t.Errorf("changes (-got +want):\n%s", diff)
 	}
-	if got := DiffSnapshots(new, new); len(got) != 0 {
+	if got := diffSnapshots(new, new); len(got) != 0 {
 		t.Errorf("no change: got %v", got)
 	}
-	if got := DiffSnapshots(Snapshot{}, old); len(got) != 4 {
+	if got := diffSnapshots(Snapshot{}, old); len(got) != 4 {
 		t.Errorf("from empty: got %v, want 4 additions", got)
 	}
 }

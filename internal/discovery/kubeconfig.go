@@ -12,7 +12,7 @@ import (
 // KubeClient builds a clientset for the Kubernetes source. The
 // configuration comes from, in order:
 //
-//  1. kubeconfig, when set (--kubeconfig): that file and nothing else;
+//  1. kubeconfig, when set: that file and nothing else;
 //  2. the pod's service account (in-cluster: KUBERNETES_SERVICE_HOST and
 //     the mounted token), the sidecar's normal case;
 //  3. when that is not available: kubectl's loading rules, the files listed
@@ -36,7 +36,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 		}
 		return cfg, nil
 	}
@@ -50,7 +50,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	case err == nil:
 		return cfg, nil
 	case errors.Is(inClusterErr, rest.ErrNotInCluster):
-		return nil, fmt.Errorf("not running in a cluster, and no usable kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config): %w", err)
+		return nil, fmt.Errorf("not running in a cluster, and no usable kubeconfig ($KUBECONFIG or ~/.kube/config): %w", err)
 	}
 	return nil, fmt.Errorf("in-cluster kubernetes config: %v; kubeconfig ($KUBECONFIG or ~/.kube/config): %w", inClusterErr, err)
 }

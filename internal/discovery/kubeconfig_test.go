@@ -74,9 +74,10 @@ func TestRESTConfigOrder(t *testing.T) {
 		}
 	})
 	t.Run("missing explicit file", func(t *testing.T) {
-		_, err := restConfig(filepath.Join(t.TempDir(), "nope"))
-		if err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
-			t.Errorf("error %v, want one naming --kubeconfig", err)
+		missing := filepath.Join(t.TempDir(), "nope")
+		_, err := restConfig(missing)
+		if err == nil || !strings.Contains(err.Error(), missing) {
+			t.Errorf("error %v, want one naming %s", err, missing)
 		}
 	})
 }

@@ -20,7 +20,7 @@ import (
 
 // This file is the informer half of the Kubernetes source: it keeps the
 // Service's EndpointSlices by name, fed by a client-go informer, and
-// publishes MergeSlices of them. The merge itself lives in endpointslice.go.
+// publishes mergeSlices of them. The merge itself lives in endpointslice.go.
 
 // KubernetesOptions configures a Kubernetes source.
 type KubernetesOptions struct {
@@ -55,7 +55,7 @@ func NewKubernetes(o KubernetesOptions) (*Kubernetes, error) {
 		return nil, errors.New("kubernetes source: no client")
 	}
 	if _, err := ParseServiceRef(o.Service.String()); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kubernetes source: Service %w", err)
 	}
 	log := o.Logger
 	if log == nil {
@@ -69,9 +69,9 @@ func NewKubernetes(o KubernetesOptions) (*Kubernetes, error) {
 	}, nil
 }
 
-// LabelSelector is the selector of the Service's EndpointSlices: the watch
+// labelSelector is the selector of the Service's EndpointSlices: the watch
 // is scoped to the namespace and to it, never cluster-wide.
-func (k *Kubernetes) LabelSelector() string {
+func (k *Kubernetes) labelSelector() string {
 	return discoveryv1.LabelServiceName + "=" + k.service.Name
 }
 
@@ -91,7 +91,7 @@ func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
 	}()
 
 	informer := discoveryinformers.NewFilteredEndpointSliceInformer(k.client, k.service.Namespace, 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.LabelSelector = k.LabelSelector() })
+		func(o *metav1.ListOptions) { o.LabelSelector = k.labelSelector() })
 	if err := informer.SetWatchErrorHandlerWithContext(k.watchError); err != nil {
 		return fmt.Errorf("kubernetes source: %w", err)
 	}
@@ -102,7 +102,7 @@ func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
 	}
 	wg.Go(func() { informer.RunWithContext(ctx) })
 
-	k.log.Info("waiting for EndpointSlices to sync", "selector", k.LabelSelector(), "port", k.port.String())
+	k.log.Info("waiting for EndpointSlices to sync", "selector", k.labelSelector(), "port", k.port.String())
 	select {
 	case <-reg.HasSyncedChecker().Done():
 	case <-ctx.Done():
@@ -110,13 +110,13 @@ func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
 	}
 
 	p := publisher{log: k.log, update: update}
-	p.publish(MergeSlices(tracker.list(), k.port))
+	p.publish(mergeSlices(tracker.list(), k.port))
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tracker.changed:
-			p.publish(MergeSlices(tracker.list(), k.port))
+			p.publish(mergeSlices(tracker.list(), k.port))
 		}
 	}
 }
@@ -241,11 +241,11 @@ type publisher struct {
 	log      *slog.Logger
 	update   func(Snapshot)
 	sent     bool
-	last     Merged
+	last     merged
 	problems []string
 }
 
-func (p *publisher) publish(m Merged) {
+func (p *publisher) publish(m merged) {
 	if !slices.Equal(m.Problems, p.problems) {
 		for _, problem := range m.Problems {
 			if !slices.Contains(p.problems, problem) {
@@ -254,7 +254,7 @@ func (p *publisher) publish(m Merged) {
 		}
 		p.problems = m.Problems
 	}
-	changes := DiffSnapshots(p.last.Snapshot, m.Snapshot)
+	changes := diffSnapshots(p.last.Snapshot, m.Snapshot)
 	if p.sent && len(changes) == 0 {
 		return
 	}
@@ -274,11 +274,11 @@ func (p *publisher) publish(m Merged) {
 			attrs = append(attrs, "pod", pod)
 		}
 		switch c.Kind {
-		case Added:
+		case added:
 			p.log.Info("endpoint added", append(attrs, "state", c.To.String())...)
-		case Removed:
+		case removed:
 			p.log.Info("endpoint removed", attrs...)
-		case StateChanged:
+		case stateChanged:
 			p.log.Info("endpoint state changed", append(attrs, "from", c.From.String(), "to", c.To.String())...)
 		}
 	}
@@ -295,48 +295,48 @@ func (p *publisher) publish(m Merged) {
 	}
 }
 
-// ChangeKind says how an endpoint differs between two snapshots.
-type ChangeKind uint8
+// changeKind says how an endpoint differs between two snapshots.
+type changeKind uint8
 
 const (
-	Added ChangeKind = iota + 1
-	Removed
-	StateChanged
+	added changeKind = iota + 1
+	removed
+	stateChanged
 )
 
-// Change is one endpoint's difference between two snapshots. An ID whose URL
+// change is one endpoint's difference between two snapshots. An ID whose URL
 // changed is reported as removed and added.
-type Change struct {
-	Kind     ChangeKind
+type change struct {
+	Kind     changeKind
 	ID       string
 	URL      string
 	From, To State
 }
 
-// DiffSnapshots lists the changes from old to new, in ID order. Both must
+// diffSnapshots lists the changes from old to new, in ID order. Both must
 // be sorted by ID with unique IDs, as every Snapshot is.
-func DiffSnapshots(old, new Snapshot) []Change {
-	var out []Change
+func diffSnapshots(old, new Snapshot) []change {
+	var out []change
 	i, j := 0, 0
 	for i < len(old.Endpoints) || j < len(new.Endpoints) {
 		switch {
 		case j == len(new.Endpoints) || (i < len(old.Endpoints) && old.Endpoints[i].ID < new.Endpoints[j].ID):
 			o := old.Endpoints[i]
-			out = append(out, Change{Kind: Removed, ID: o.ID, URL: o.URL.String(), From: o.State})
+			out = append(out, change{Kind: removed, ID: o.ID, URL: o.URL.String(), From: o.State})
 			i++
 		case i == len(old.Endpoints) || new.Endpoints[j].ID < old.Endpoints[i].ID:
 			n := new.Endpoints[j]
-			out = append(out, Change{Kind: Added, ID: n.ID, URL: n.URL.String(), To: n.State})
+			out = append(out, change{Kind: added, ID: n.ID, URL: n.URL.String(), To: n.State})
 			j++
 		default:
 			o, n := old.Endpoints[i], new.Endpoints[j]
 			switch {
 			case o.URL.String() != n.URL.String():
 				out = append(out,
-					Change{Kind: Removed, ID: o.ID, URL: o.URL.String(), From: o.State},
-					Change{Kind: Added, ID: n.ID, URL: n.URL.String(), To: n.State})
+					change{Kind: removed, ID: o.ID, URL: o.URL.String(), From: o.State},
+					change{Kind: added, ID: n.ID, URL: n.URL.String(), To: n.State})
 			case o.State != n.State:
-				out = append(out, Change{Kind: StateChanged, ID: n.ID, URL: n.URL.String(), From: o.State, To: n.State})
+				out = append(out, change{Kind: stateChanged, ID: n.ID, URL: n.URL.String(), From: o.State, To: n.State})
 			}
 			i++
 			j++

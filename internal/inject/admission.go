@@ -32,40 +32,40 @@ const MaxReviewBytes = 3 << 20
 // adds the sidecar, configured like `tether inject` (the webhook's flags,
 // then the Pod's annotations).
 
-// ReviewError is a request the webhook cannot answer with a verdict (not an
+// reviewError is a request the webhook cannot answer with a verdict (not an
 // AdmissionReview, no request in it, an undecodable object). It becomes an
 // HTTP error status, and the webhook's failurePolicy decides what happens
 // to the Pod.
-type ReviewError struct {
+type reviewError struct {
 	Status int
 	Msg    string
 }
 
-func (e *ReviewError) Error() string { return e.Msg }
+func (e *reviewError) Error() string { return e.Msg }
 
-// Decision is what the webhook did with one Pod, for its log.
-type Decision struct {
+// decision is what the webhook did with one Pod, for its log.
+type decision struct {
 	Pod    string // namespace/name (generateName… before a name is chosen)
 	Action Action // Injected, Skipped, or "" when denied
 	Detail string
 }
 
-// Review answers one AdmissionReview v1 request body.
-func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision, error) {
+// review answers one AdmissionReview v1 request body.
+func (inj Injector) review(body []byte) (*admissionv1.AdmissionReview, decision, error) {
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, Decision{}, &ReviewError{http.StatusBadRequest, "not an AdmissionReview: " + err.Error()}
+		return nil, decision{}, &reviewError{http.StatusBadRequest, "not an AdmissionReview: " + err.Error()}
 	}
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" {
-		return nil, Decision{}, &ReviewError{http.StatusBadRequest, fmt.Sprintf("want an admission.k8s.io/v1 AdmissionReview, got %s %s", review.APIVersion, review.Kind)}
+		return nil, decision{}, &reviewError{http.StatusBadRequest, fmt.Sprintf("want an admission.k8s.io/v1 AdmissionReview, got %s %s", review.APIVersion, review.Kind)}
 	}
 	req := review.Request
 	if req == nil || req.UID == "" {
-		return nil, Decision{}, &ReviewError{http.StatusBadRequest, "AdmissionReview without a request (or its uid)"}
+		return nil, decision{}, &reviewError{http.StatusBadRequest, "AdmissionReview without a request (or its uid)"}
 	}
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	out := &admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
-	d := Decision{Pod: req.Namespace + "/" + req.Name, Action: Skipped}
+	d := decision{Pod: req.Namespace + "/" + req.Name, Action: Skipped}
 
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" || req.Operation != admissionv1.Create {
 		d.Detail = fmt.Sprintf("%s %s%s is not a Pod creation", req.Operation, req.Kind.Kind, strings.TrimPrefix("/"+req.SubResource, "/"))
@@ -75,12 +75,12 @@ func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision,
 		if req.Name == "" {
 			d.Pod = req.Namespace + "/" + name
 		}
-		d.Detail = "not annotated " + AnnotationInject + `: "true"`
+		d.Detail = "not annotated " + annotationInject + `: "true"`
 		return out, d, nil
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(req.Object.Raw, &doc); err != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, d, &ReviewError{http.StatusBadRequest, "request.object is not a Pod"}
+		return nil, d, &reviewError{http.StatusBadRequest, "request.object is not a Pod"}
 	}
 	root := doc.Content[0]
 	if req.Name == "" { // generateName: the API server names it later
@@ -88,11 +88,11 @@ func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision,
 	}
 	t, ok, err := findTemplate(root)
 	if err != nil || !ok {
-		return nil, d, &ReviewError{http.StatusBadRequest, "request.object is not a Pod"}
+		return nil, d, &reviewError{http.StatusBadRequest, "request.object is not a Pod"}
 	}
 	ann := t.annotations()
-	if strings.TrimSpace(strings.ToLower(ann[AnnotationInject])) != "true" {
-		d.Detail = "not annotated " + AnnotationInject + `: "true"`
+	if strings.TrimSpace(strings.ToLower(ann[annotationInject])) != "true" {
+		d.Detail = "not annotated " + annotationInject + `: "true"`
 		return out, d, nil
 	}
 	if findNamed(mapGet(t.spec, "initContainers"), ContainerName) >= 0 || findNamed(mapGet(t.spec, "containers"), ContainerName) >= 0 {
@@ -123,7 +123,7 @@ func (inj Injector) Review(body []byte) (*admissionv1.AdmissionReview, Decision,
 	}
 	before, err := decodeJSON(req.Object.Raw)
 	if err != nil {
-		return nil, d, &ReviewError{http.StatusBadRequest, "request.object is not JSON"}
+		return nil, d, &reviewError{http.StatusBadRequest, "request.object is not JSON"}
 	}
 	patch, err := json.Marshal(jsonPatch(before, after))
 	if err != nil {
@@ -157,7 +157,7 @@ func notAnnotatedPod(raw []byte) (name string, ok bool) {
 	if err := json.Unmarshal(raw, &obj); err != nil || obj.APIVersion != "v1" || obj.Kind != "Pod" {
 		return "", false
 	}
-	if strings.TrimSpace(strings.ToLower(obj.Metadata.Annotations[AnnotationInject])) == "true" {
+	if strings.TrimSpace(strings.ToLower(obj.Metadata.Annotations[annotationInject])) == "true" {
 		return "", false
 	}
 	name = obj.Metadata.Name
@@ -236,10 +236,10 @@ func (inj Injector) AdmissionHandler(log *slog.Logger) http.Handler {
 			http.Error(w, err.Error(), status)
 			return
 		}
-		review, d, err := inj.Review(body)
+		review, d, err := inj.review(body)
 		if err != nil {
 			status := http.StatusInternalServerError
-			if re, ok := errors.AsType[*ReviewError](err); ok {
+			if re, ok := errors.AsType[*reviewError](err); ok {
 				status = re.Status
 			}
 			log.Warn("admission review refused", "status", status, "err", err)

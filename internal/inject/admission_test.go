@@ -54,12 +54,12 @@ func reviewFor(t *testing.T, op admissionv1.Operation, kind metav1.GroupVersionK
 	return b
 }
 
-var injectAnnotations = map[string]string{AnnotationInject: "true", AnnotationService: "mcp-fetch"}
+var injectAnnotations = map[string]string{annotationInject: "true", AnnotationService: "mcp-fetch"}
 
 func TestReviewPatched(t *testing.T) {
 	inj := Injector{Defaults: testConfig()}
 	pod := testPod(injectAnnotations)
-	review, d, err := inj.Review(reviewFor(t, admissionv1.Create, podGVK, pod))
+	review, d, err := inj.review(reviewFor(t, admissionv1.Create, podGVK, pod))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,13 +120,13 @@ func TestReviewAllowedUnchanged(t *testing.T) {
 	injected.Spec.Containers = append(injected.Spec.Containers, corev1.Container{Name: ContainerName, Image: "mine"})
 	for name, body := range map[string][]byte{
 		"not annotated":      reviewFor(t, admissionv1.Create, podGVK, testPod(nil)),
-		"annotated false":    reviewFor(t, admissionv1.Create, podGVK, testPod(map[string]string{AnnotationInject: "false", AnnotationService: "s"})),
+		"annotated false":    reviewFor(t, admissionv1.Create, podGVK, testPod(map[string]string{annotationInject: "false", AnnotationService: "s"})),
 		"update":             reviewFor(t, admissionv1.Update, podGVK, testPod(injectAnnotations)),
 		"not a pod":          reviewFor(t, admissionv1.Create, metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, map[string]any{"kind": "Deployment"}),
 		"already has tether": reviewFor(t, admissionv1.Create, podGVK, injected),
 	} {
 		t.Run(name, func(t *testing.T) {
-			review, d, err := inj.Review(body)
+			review, d, err := inj.review(body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -143,12 +143,12 @@ func TestReviewAllowedUnchanged(t *testing.T) {
 func TestReviewDenied(t *testing.T) {
 	inj := Injector{Defaults: testConfig()}
 	for name, ann := range map[string]map[string]string{
-		"no service":         {AnnotationInject: "true"},
-		"unknown annotation": {AnnotationInject: "true", AnnotationService: "s", "tether.dev/balance": "p2c"},
-		"bad balancer":       {AnnotationInject: "true", AnnotationService: "s", AnnotationBalancer: "fastest"},
+		"no service":         {annotationInject: "true"},
+		"unknown annotation": {annotationInject: "true", AnnotationService: "s", "tether.dev/balance": "p2c"},
+		"bad balancer":       {annotationInject: "true", AnnotationService: "s", AnnotationBalancer: "fastest"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			review, d, err := inj.Review(reviewFor(t, admissionv1.Create, podGVK, testPod(ann)))
+			review, d, err := inj.review(reviewFor(t, admissionv1.Create, podGVK, testPod(ann)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,10 +175,10 @@ func TestReviewMalformed(t *testing.T) {
 		"object array": notPod,
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, _, err := inj.Review(body)
-			re, ok := errors.AsType[*ReviewError](err)
+			_, _, err := inj.review(body)
+			re, ok := errors.AsType[*reviewError](err)
 			if !ok || re.Status != http.StatusBadRequest {
-				t.Fatalf("error %v, want a 400 ReviewError", err)
+				t.Fatalf("error %v, want a 400 reviewError", err)
 			}
 		})
 	}
@@ -247,7 +247,7 @@ func TestReviewSkipsUnannotatedPodCheaply(t *testing.T) {
 	body := reviewFor(t, admissionv1.Create, podGVK, pod)
 	var before, after goruntime.MemStats
 	goruntime.ReadMemStats(&before)
-	review, d, err := inj.Review(body)
+	review, d, err := inj.review(body)
 	goruntime.ReadMemStats(&after)
 	if err != nil || !review.Response.Allowed || review.Response.Patch != nil || d.Action != Skipped || d.Pod != "tools/proxy-7d9f-…" {
 		t.Fatalf("review: %v, action %q pod %q", err, d.Action, d.Pod)

@@ -37,20 +37,20 @@ const (
 	// AdminPort serves /healthz, /readyz and /metrics. It listens on the pod
 	// address because kubelet probes come from the node, not from loopback.
 	AdminPort     = 7481
-	AdminPortName = "tether-admin"
-	// NamespaceEnv carries the pod's namespace (downward API) so that
+	adminPortName = "tether-admin"
+	// namespaceEnv carries the pod's namespace (downward API) so that
 	// --k8s-service can name a Service of the pod's own namespace.
-	NamespaceEnv = "POD_NAMESPACE"
+	namespaceEnv = "POD_NAMESPACE"
 )
 
 // Annotations configure injection per object; they are read from the
 // workload's metadata and then from its pod template's (the pod template
 // wins). Every key under the tether.dev/ prefix must be one of these.
 const (
-	AnnotationPrefix = "tether.dev/"
-	// AnnotationInject: "true" opts a Pod into the webhook; "false" makes
+	annotationPrefix = "tether.dev/"
+	// annotationInject: "true" opts a Pod into the webhook; "false" makes
 	// both the webhook and `tether inject` leave the object alone.
-	AnnotationInject = "tether.dev/inject"
+	annotationInject = "tether.dev/inject"
 	// AnnotationService: NAME (a Service of the pod's namespace) or
 	// NAMESPACE/NAME, whose EndpointSlices are tether's backends.
 	AnnotationService = "tether.dev/service"
@@ -76,34 +76,34 @@ const (
 	AnnotationMemoryRequest = "tether.dev/memory-request"
 )
 
-// KnownAnnotations lists every annotation injection reads.
-var KnownAnnotations = []string{
-	AnnotationInject, AnnotationService, AnnotationPort, AnnotationRedisURLSecret,
+// knownAnnotations lists every annotation injection reads.
+var knownAnnotations = []string{
+	annotationInject, AnnotationService, AnnotationPort, AnnotationRedisURLSecret,
 	AnnotationBalancer, AnnotationImage, AnnotationSessionTTL, AnnotationShutdownGrace,
 	AnnotationLogLevel, AnnotationCPURequest, AnnotationMemoryRequest,
 }
 
 // Defaults of Config.
 const (
-	DefaultImageRepo     = "ghcr.io/tether-mcp/tether"
-	DefaultShutdownGrace = 25 * time.Second
-	DefaultCPURequest    = "50m"
-	DefaultMemoryRequest = "64Mi"
-	DefaultRedisKey      = "url"
-	// DefaultPreStopSleep delays SIGTERM to a classic sidecar so that the
+	defaultImageRepo     = "ghcr.io/tether-mcp/tether"
+	defaultShutdownGrace = 25 * time.Second
+	defaultCPURequest    = "50m"
+	defaultMemoryRequest = "64Mi"
+	defaultRedisKey      = "url"
+	// defaultPreStopSleep delays SIGTERM to a classic sidecar so that the
 	// proxy beside it can drain through it first.
-	DefaultPreStopSleep = 10 * time.Second
+	defaultPreStopSleep = 10 * time.Second
 	// proxyDrainBudget is the part of the pod's termination grace left to
 	// the proxy's own drain before tether's shutdown grace starts.
 	proxyDrainBudget = 20 * time.Second
 )
 
-// DefaultImage is the image of tether version v ("dev" or empty: latest).
-func DefaultImage(v string) string {
+// defaultImage is the image of tether version v ("dev" or empty: latest).
+func defaultImage(v string) string {
 	if v == "" || v == "dev" {
-		return DefaultImageRepo + ":latest"
+		return defaultImageRepo + ":latest"
 	}
-	return DefaultImageRepo + ":" + v
+	return defaultImageRepo + ":" + v
 }
 
 // Config is what one injection writes. Flags give the defaults; an object's
@@ -141,11 +141,11 @@ type Config struct {
 // Service is still required).
 func DefaultConfig(version string) Config {
 	return Config{
-		Image:         DefaultImage(version),
-		ShutdownGrace: DefaultShutdownGrace,
-		CPURequest:    DefaultCPURequest,
-		MemoryRequest: DefaultMemoryRequest,
-		PreStopSleep:  DefaultPreStopSleep,
+		Image:         defaultImage(version),
+		ShutdownGrace: defaultShutdownGrace,
+		CPURequest:    defaultCPURequest,
+		MemoryRequest: defaultMemoryRequest,
+		PreStopSleep:  defaultPreStopSleep,
 	}
 }
 
@@ -154,12 +154,12 @@ func DefaultConfig(version string) Config {
 func (c Config) With(ann map[string]string) (Config, error) {
 	var unknown []string
 	for _, k := range slices.Sorted(maps.Keys(ann)) {
-		if strings.HasPrefix(k, AnnotationPrefix) && !slices.Contains(KnownAnnotations, k) {
+		if strings.HasPrefix(k, annotationPrefix) && !slices.Contains(knownAnnotations, k) {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
-		return c, fmt.Errorf("unknown annotation %s (known: %s)", strings.Join(unknown, ", "), strings.Join(KnownAnnotations, ", "))
+		return c, fmt.Errorf("unknown annotation %s (known: %s)", strings.Join(unknown, ", "), strings.Join(knownAnnotations, ", "))
 	}
 	set := func(key string, field *string) {
 		if v, ok := ann[key]; ok {
@@ -185,14 +185,23 @@ func (c Config) With(ann map[string]string) (Config, error) {
 	return c, nil
 }
 
-// Validate reports the first problem of c, naming the setting as both a
-// flag and an annotation would.
+// Errors of an injection that its caller may complete with how its own
+// options set the value (a flag, say); this package names the annotations.
+var (
+	ErrNoImage   = errors.New("no image (annotation " + AnnotationImage + ")")
+	ErrNoService = errors.New("no backend Service (annotation " + AnnotationService + ": NAME or NAMESPACE/NAME)")
+	// ErrLegacyFinite: Config.Legacy for pods that run to completion.
+	ErrLegacyFinite = errors.New("a classic sidecar never exits, so these pods would never complete: use the native sidecar (Kubernetes ≥ 1.29)")
+)
+
+// Validate reports the first problem of c, naming the setting by the
+// suffix of its annotation (which the commands' flags share).
 func (c Config) Validate() error {
 	if c.Image == "" {
-		return errors.New("no image (--image or annotation " + AnnotationImage + ")")
+		return ErrNoImage
 	}
 	if c.Service == "" {
-		return errors.New("no backend Service: set --service or the annotation " + AnnotationService + " (NAME or NAMESPACE/NAME)")
+		return ErrNoService
 	}
 	ref := c.Service
 	if !strings.Contains(ref, "/") {
@@ -242,7 +251,7 @@ func (c Config) Validate() error {
 func (c Config) redisSecret() (name, key string) {
 	name, key, ok := strings.Cut(c.RedisURLSecret, "/")
 	if !ok {
-		key = DefaultRedisKey
+		key = defaultRedisKey
 	}
 	return name, key
 }
@@ -253,7 +262,7 @@ func (c Config) serviceArg() string {
 	if strings.Contains(c.Service, "/") {
 		return c.Service
 	}
-	return "$(" + NamespaceEnv + ")/" + c.Service
+	return "$(" + namespaceEnv + ")/" + c.Service
 }
 
 // terminationGrace is the least terminationGracePeriodSeconds that leaves

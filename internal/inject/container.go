@@ -38,7 +38,7 @@ func (c Config) Container() corev1.Container {
 	}
 
 	env := []corev1.EnvVar{{
-		Name:      NamespaceEnv,
+		Name:      namespaceEnv,
 		ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}},
 	}}
 	if c.RedisURLSecret != "" {
@@ -64,7 +64,7 @@ func (c Config) Container() corev1.Container {
 		return &corev1.Probe{
 			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 				Path: path,
-				Port: intstr.FromString(AdminPortName),
+				Port: intstr.FromString(adminPortName),
 			}},
 			PeriodSeconds:    period,
 			FailureThreshold: failures,
@@ -74,7 +74,7 @@ func (c Config) Container() corev1.Container {
 		Name:  ContainerName,
 		Image: c.Image,
 		Args:  args,
-		Ports: []corev1.ContainerPort{{Name: AdminPortName, ContainerPort: AdminPort}},
+		Ports: []corev1.ContainerPort{{Name: adminPortName, ContainerPort: AdminPort}},
 		Env:   env,
 		// /healthz: the process is up. /readyz: endpoints are known and it
 		// is not draining; the pod is not Ready (the proxy gets no traffic)

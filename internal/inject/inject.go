@@ -31,8 +31,8 @@ var workloads = map[string]workload{
 	"CronJob":               {group: "batch", path: []string{"spec", "jobTemplate", "spec", "template"}, finite: true},
 }
 
-// SupportedKinds lists the kinds in the order messages name them.
-var SupportedKinds = []string{"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController", "Job", "CronJob"}
+// supportedKinds lists the kinds in the order messages name them.
+var supportedKinds = []string{"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController", "Job", "CronJob"}
 
 // Action is what injection did to one object.
 type Action string
@@ -53,9 +53,9 @@ type Result struct {
 	Detail string
 }
 
-// ErrUnknownKind is wrapped by errors for objects that carry a pod template
+// errUnknownKind is wrapped by errors for objects that carry a pod template
 // but are of a kind injection does not know.
-var ErrUnknownKind = errors.New("unknown kind")
+var errUnknownKind = errors.New("unknown kind")
 
 // template is one pod template inside an object.
 type template struct {
@@ -93,7 +93,7 @@ func findTemplate(root *yaml.Node) (t template, ok bool, err error) {
 	if !known || w.group != group {
 		if looksLikeWorkload(root) {
 			return t, false, fmt.Errorf("%s (%s): %w: it has a pod template, but tether inject knows only %s (the sidecar can be added by hand: deploy/components/sidecar)",
-				t.obj, apiVersion, ErrUnknownKind, strings.Join(SupportedKinds, ", "))
+				t.obj, apiVersion, errUnknownKind, strings.Join(supportedKinds, ", "))
 		}
 		return t, false, nil
 	}
@@ -136,7 +136,7 @@ func (t template) annotations() map[string]string {
 
 // optedOut reports tether.dev/inject: "false".
 func (t template) optedOut() bool {
-	return strings.EqualFold(strings.TrimSpace(t.annotations()[AnnotationInject]), "false")
+	return strings.EqualFold(strings.TrimSpace(t.annotations()[annotationInject]), "false")
 }
 
 // apply makes the pod template carry the sidecar of c (valid). It reports
@@ -144,7 +144,7 @@ func (t template) optedOut() bool {
 func (t template) apply(c Config) (Result, error) {
 	res := Result{Object: t.obj}
 	if c.Legacy && t.kind.finite || c.Legacy && t.kind.path == nil && isFinitePod(t.spec) {
-		return res, fmt.Errorf("%s: a classic sidecar never exits, so these pods would never complete: use the native sidecar (drop --legacy-sidecar; Kubernetes ≥ 1.29)", t.obj)
+		return res, fmt.Errorf("%s: %w", t.obj, ErrLegacyFinite)
 	}
 	want, err := toNode(c.Container())
 	if err != nil {
@@ -253,7 +253,7 @@ func (inj Injector) injectObject(root *yaml.Node) (Result, error) {
 		return Result{Object: objectName(root), Action: Skipped, Detail: "no pod template"}, nil
 	}
 	if t.optedOut() {
-		return Result{Object: t.obj, Action: Skipped, Detail: AnnotationInject + ": \"false\""}, nil
+		return Result{Object: t.obj, Action: Skipped, Detail: annotationInject + ": \"false\""}, nil
 	}
 	c, err := inj.Defaults.With(t.annotations())
 	if err == nil {

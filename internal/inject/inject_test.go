@@ -233,8 +233,8 @@ func TestUnknownKindIsTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err = Injector{Defaults: testConfig()}.Stream(src)
-	if !errors.Is(err, ErrUnknownKind) {
-		t.Fatalf("error %v, want ErrUnknownKind", err)
+	if !errors.Is(err, errUnknownKind) {
+		t.Fatalf("error %v, want errUnknownKind", err)
 	}
 }
 

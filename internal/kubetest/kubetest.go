@@ -1,6 +1,6 @@
 // Package kubetest runs a real Kubernetes control plane for tests: etcd and
-// kube-apiserver (DESIGN §7), built once by hack/kube-env.sh and started per
-// test on loopback with generated certificates, service-account keys,
+// kube-apiserver (docs/design.md#kubernetes-test-environment), built once by
+// hack/kube-env.sh and started per test on loopback with generated certificates, service-account keys,
 // RBAC authorization and static bearer tokens.
 //
 // There is no controller manager, scheduler or kubelet: tests create

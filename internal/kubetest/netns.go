@@ -18,7 +18,7 @@ const netnsEnv = "TETHER_KUBETEST_NETNS"
 // InNetns runs the calling test inside a network namespace of its own, whose
 // loopback interface also carries addrs (such as "10.244.0.11"): the API
 // server accepts those in EndpointSlices, unlike 127.0.0.0/8, and no packet
-// for them leaves the namespace (DESIGN §7 addendum).
+// for them leaves the namespace (docs/design.md#kubernetes-test-environment).
 //
 // In the test process it creates the namespace, runs the test binary again
 // inside it (`ip netns exec NAME <binary> -test.run '^Name$'`), relays that

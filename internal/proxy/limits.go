@@ -8,7 +8,8 @@ import (
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
 
-// Defaults of the limits a Proxy enforces on what clients send (DESIGN §11).
+// Defaults of the limits a Proxy enforces on what clients send
+// (docs/design.md#limits).
 const (
 	// DefaultMaxInflightBodyBytes bounds the request-body bytes held at once
 	// by all requests together (--max-inflight-body-bytes): 16 bodies at the

@@ -76,10 +76,11 @@ func (p *Proxy) replayContextOf(host, path string, h http.Header, x *exchange, r
 // credentials are not those the session was created with.
 var errOtherPrincipal = errors.New("the request's credentials are not the session creator's")
 
-// reinitialize moves x's session to another backend (DESIGN §4) and points
-// x at it. Concurrent requests of one session share one re-initialization.
-// Only the session's creator may move it: the replayed initialize carries
-// the current request's credentials, and a backend binds the new session to
+// reinitialize moves x's session to another backend
+// (docs/design.md#transparent-re-initialization) and points x at it.
+// Concurrent requests of one session share one re-initialization. Only the
+// session's creator may move it: the replayed initialize carries the
+// current request's credentials, and a backend binds the new session to
 // them, so anyone else would take the session over.
 func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, reason string) error {
 	stale := x.rec

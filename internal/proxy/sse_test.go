@@ -2,35 +2,10 @@ package proxy
 
 import (
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"testing/iotest"
 )
-
-func TestFlushDecision(t *testing.T) {
-	for _, tt := range []struct {
-		contentType string
-		length      int64
-		want        bool
-	}{
-		{"text/event-stream", -1, true},
-		{"text/event-stream; charset=utf-8", 100, true},
-		{"TEXT/EVENT-STREAM", 100, true},
-		{"application/json", 120, false},
-		{"application/json", -1, true}, // unknown length: streamed
-		{"", 0, false},
-		{"text/event-streamx", 10, false},
-	} {
-		resp := &http.Response{Header: http.Header{}, ContentLength: tt.length}
-		if tt.contentType != "" {
-			resp.Header.Set("Content-Type", tt.contentType)
-		}
-		if got := isStreaming(resp); got != tt.want {
-			t.Errorf("isStreaming(%q, length %d) = %v, want %v", tt.contentType, tt.length, got, tt.want)
-		}
-	}
-}
 
 func TestBackendEventID(t *testing.T) {
 	for _, tt := range []struct {

@@ -187,8 +187,9 @@ func (h *harness) backendByURL(url string) string {
 	return ""
 }
 
-// The spans of each routing decision carry the attributes of DESIGN §6,
-// session ids hashed, continuing the client's trace.
+// The spans of each routing decision carry the attributes of
+// docs/design.md#contracts, session ids hashed, continuing the client's
+// trace.
 func TestTraceRouteKinds(t *testing.T) {
 	tr := proxy.NewTransport(false)
 	h, sr := newTracedHarness(t, harnessOptions{backends: 3, transport: tr})

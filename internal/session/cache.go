@@ -228,7 +228,7 @@ func NewCache(opts CacheOptions) *Cache {
 	go func() { defer c.wg.Done(); c.touchLoop(ctx) }()
 	go func() {
 		defer c.wg.Done()
-		c.shared.Invalidations(ctx, c.Invalidate, c.resubscribed, c.control)
+		c.shared.invalidations(ctx, c.Invalidate, c.resubscribed, c.control)
 	}()
 	go func() { defer c.wg.Done(); c.healthLoop(ctx) }()
 	go func() { defer c.wg.Done(); c.writeBackLoop(ctx) }()
@@ -403,10 +403,10 @@ func (c *Cache) load(ctx context.Context, sid string, cached *cacheEntry, now ti
 		// write it back rather than end a live session, and have the
 		// health loop look at the epoch marker now.
 		c.askMarkerCheck()
-		switch rerr := c.shared.Restore(ctx, withLastUsed(cached.rec, time.Unix(0, cached.lastUsed.Load()))); {
+		switch rerr := c.shared.restore(ctx, withLastUsed(cached.rec, time.Unix(0, cached.lastUsed.Load()))); {
 		case errors.Is(rerr, ErrExists):
 			return nil, c.collision(cached.rec)
-		case errors.Is(rerr, ErrDeleted):
+		case errors.Is(rerr, errDeleted):
 			return nil, c.deletedMeanwhile(cached.rec)
 		case rerr != nil:
 			c.outage(rerr)
@@ -423,7 +423,7 @@ func (c *Cache) load(ctx context.Context, sid string, cached *cacheEntry, now ti
 		if p := c.pendingRecord(sid); p != nil {
 			return p, nil
 		}
-		if errors.Is(err, ErrBadReply) {
+		if errors.Is(err, errBadReply) {
 			return nil, err
 		}
 		return nil, ErrUnavailable
@@ -474,7 +474,7 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 		return errors.New("session: empty ClientSID")
 	}
 	if int64(len(r.Init)) > c.tab.maxBytes {
-		return ErrInitTooLarge
+		return errInitTooLarge
 	}
 	now := c.now()
 	if c.lookup(r.ClientSID, now, false) != nil || c.pendingRecord(r.ClientSID) != nil {
@@ -501,7 +501,7 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 			return err
 		}
 		// Down, or too slow to say (the write may even have happened: the
-		// flush's Restore then finds the same session and keeps it).
+		// flush's restore then finds the same session and keeps it).
 		c.outage(err)
 	}
 	e := c.put(stored, now)
@@ -584,10 +584,10 @@ func (c *Cache) touchLoop(ctx context.Context) {
 			case errors.Is(err, ErrNotFound):
 				if c.alive(e, c.now()) {
 					c.askMarkerCheck()
-					switch rerr := c.shared.Restore(ctx, withLastUsed(e.rec, now)); {
+					switch rerr := c.shared.restore(ctx, withLastUsed(e.rec, now)); {
 					case errors.Is(rerr, ErrExists):
 						c.collision(e.rec)
-					case errors.Is(rerr, ErrDeleted):
+					case errors.Is(rerr, errDeleted):
 						c.deletedMeanwhile(e.rec)
 					case rerr != nil:
 						c.outage(rerr)
@@ -705,10 +705,10 @@ func (c *Cache) flushOne(ctx context.Context, sid string) error {
 	if r == nil {
 		return nil
 	}
-	switch err := c.shared.Restore(ctx, r); {
+	switch err := c.shared.restore(ctx, r); {
 	case errors.Is(err, ErrExists):
 		return c.collision(r)
-	case errors.Is(err, ErrDeleted):
+	case errors.Is(err, errDeleted):
 		c.deletedMeanwhile(r)
 		return nil
 	case err != nil:
@@ -805,7 +805,7 @@ func (c *Cache) flushPending(ctx context.Context) error {
 func (c *Cache) checkEpoch(ctx context.Context) error {
 	ms, ok, err := c.shared.Marker(ctx)
 	switch {
-	case errors.Is(err, ErrBadReply):
+	case errors.Is(err, errBadReply):
 		if !c.badMarker.Swap(true) { // once, not every second
 			c.log.Warn("session store: unreadable epoch marker; Redis data loss cannot be detected", "err", err)
 		}
@@ -824,7 +824,7 @@ func (c *Cache) checkEpoch(ctx context.Context) error {
 // markerMissing re-creates the epoch marker and, if this replica did,
 // announces the loss so that every replica writes back what it caches.
 func (c *Cache) markerMissing(ctx context.Context) {
-	ms, created, err := c.shared.EnsureMarker(ctx)
+	ms, created, err := c.shared.ensureMarker(ctx)
 	if err != nil {
 		return // the health loop tries again
 	}
@@ -833,7 +833,7 @@ func (c *Cache) markerMissing(ctx context.Context) {
 			c.log.Warn("session store: Redis lost its data (epoch marker missing); replicas write back the sessions they cache",
 				"grace", c.grace.String())
 		}
-		if err := c.shared.Announce(ctx, ctlRecovering+strconv.FormatInt(ms, 10)); err != nil {
+		if err := c.shared.announce(ctx, ctlRecovering+strconv.FormatInt(ms, 10)); err != nil {
 			c.log.Debug("session store: announcing the recovery failed; replicas learn of it from the marker", "err", err)
 		}
 	}
@@ -1033,7 +1033,7 @@ func (c *Cache) writeBackOnce(ctx context.Context, before int64) {
 		}
 	}
 	start := time.Now()
-	results := c.shared.RestoreAll(ctx, recs)
+	results := c.shared.restoreAll(ctx, recs)
 	written, failed := 0, 0
 	var cause error
 	for i, err := range results {
@@ -1043,7 +1043,7 @@ func (c *Cache) writeBackOnce(ctx context.Context, before int64) {
 			c.dropPending(items[i].rec)
 		case errors.Is(err, ErrExists):
 			c.collision(items[i].rec)
-		case errors.Is(err, ErrDeleted):
+		case errors.Is(err, errDeleted):
 			c.deletedMeanwhile(items[i].rec)
 		default:
 			failed++
@@ -1060,7 +1060,7 @@ func (c *Cache) writeBackOnce(ctx context.Context, before int64) {
 }
 
 func (c *Cache) announceRestored(ctx context.Context) {
-	if err := c.shared.Announce(ctx, ctlRestored); err != nil {
+	if err := c.shared.announce(ctx, ctlRestored); err != nil {
 		c.wakeWaiters() // at least this replica's waiters
 	}
 }
@@ -1180,14 +1180,14 @@ func (c *Cache) flushAtClose() {
 	var cause error
 	for {
 		var left []*Record
-		for i, err := range c.shared.RestoreAll(ctx, recs) {
+		for i, err := range c.shared.restoreAll(ctx, recs) {
 			switch {
 			case err == nil:
 				written++
 				c.dropPending(recs[i])
 			case errors.Is(err, ErrExists):
 				c.collision(recs[i]) // counted and logged there
-			case errors.Is(err, ErrDeleted):
+			case errors.Is(err, errDeleted):
 				c.deletedMeanwhile(recs[i])
 			default:
 				left = append(left, recs[i])

@@ -27,7 +27,7 @@ import (
 //
 // Who removes what, so that OnExpire runs exactly once per record that ends
 // without a Delete: an idle-expired record is reported as absent by every
-// method (Get, Touch, Swap, Delete), but only the sweeper (Sweep), an
+// method (Get, Touch, Swap, Delete), but only the sweeper (sweep), an
 // eviction or a Create of the same id removes it, all under the shard's
 // write lock. Delete removes only live records and hands them to its
 // caller. A record leaves the store either through Delete's return value or
@@ -63,7 +63,7 @@ type MemoryOptions struct {
 	MaxSessions int
 	// MaxInitBytes bounds the bytes of the distinct initialize bodies held;
 	// default DefaultMaxInitBytes. A Create whose body alone is larger fails
-	// with ErrInitTooLarge.
+	// with errInitTooLarge.
 	MaxInitBytes int64
 	// OnExpire, if set, is called once for each record that leaves the store
 	// without being returned by Delete: a record removed by the sweeper after
@@ -82,7 +82,7 @@ type MemoryOptions struct {
 
 // memEntry is a table entry of the memory store. The record pointer is
 // atomic so that Touch can publish a refreshed copy under the shard's read
-// lock; Create, Swap, Delete, Sweep and eviction change it only under the
+// lock; Create, Swap, Delete, sweep and eviction change it only under the
 // write lock.
 type memEntry struct {
 	rec atomic.Pointer[Record]
@@ -97,10 +97,10 @@ const (
 var (
 	errEmptyID = errors.New("session: empty ClientSID")
 	errSwapID  = errors.New("session: Swap must keep ClientSID")
-	// ErrInitTooLarge reports a record whose initialize body alone exceeds
+	// errInitTooLarge reports a record whose initialize body alone exceeds
 	// the store's byte bound: it cannot be kept without evicting everything
 	// else. The proxy refuses such bodies long before (--max-init-body, 64 KiB).
-	ErrInitTooLarge = errors.New("session: initialize body larger than the store's byte bound")
+	errInitTooLarge = errors.New("session: initialize body larger than the store's byte bound")
 )
 
 // NewMemory returns an empty store and starts its sweeper; Close stops it.
@@ -152,7 +152,7 @@ func (m *Memory) sweepLoop() {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.Sweep(m.now())
+			m.sweep(m.now())
 		}
 	}
 }
@@ -203,7 +203,7 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 		return errEmptyID
 	}
 	if int64(len(r.Init)) > m.tab.maxBytes {
-		return ErrInitTooLarge
+		return errInitTooLarge
 	}
 	now := m.now()
 	// Interned before taking the shard lock: a new body is copied here.
@@ -356,10 +356,10 @@ func (m *Memory) Delete(_ context.Context, clientSID string) (*Record, error) {
 	return r, nil
 }
 
-// Sweep removes the records expired at now, calls OnExpire for each (outside
+// sweep removes the records expired at now, calls OnExpire for each (outside
 // the locks) and returns how many it removed. The sweeper calls it
 // periodically; tests call it with a fake clock.
-func (m *Memory) Sweep(now time.Time) int {
+func (m *Memory) sweep(now time.Time) int {
 	n := 0
 	var gone []*Record
 	for i := range m.tab.shards {

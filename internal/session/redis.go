@@ -18,11 +18,11 @@ import (
 // time. Callers degrade (serve from what they know) instead of failing.
 var ErrUnavailable = errors.New("session: store unavailable")
 
-// ErrBadReply reports a reply from Redis that is not what tether's commands
+// errBadReply reports a reply from Redis that is not what tether's commands
 // and scripts return (a wrong type, a short array, a non-numeric field): a
 // tampered record, a proxy in front of Redis, or not Redis at all. It is an
 // error for the one call, never a panic, and it does not count as an outage.
-var ErrBadReply = errors.New("session: malformed reply from Redis")
+var errBadReply = errors.New("session: malformed reply from Redis")
 
 // Redis is the shared session store: every tether replica of a fleet reads
 // and writes the same records, so a session initialized through one replica
@@ -193,19 +193,19 @@ func (r *Redis) call(ctx context.Context, d time.Duration) (context.Context, con
 // unavailable maps transport failures (and errors Redis itself answered)
 // to ErrUnavailable.
 func unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, ErrBadReply) {
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, errBadReply) {
 		return err
 	}
 	if errors.Is(err, redis.Nil) {
 		// Real Redis never answers tether's commands with nil where tether
 		// expects a value.
-		return fmt.Errorf("%w: nil reply", ErrBadReply)
+		return fmt.Errorf("%w: nil reply", errBadReply)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err) // the cause too: Cache tells a cancelled caller from an outage
 }
 
 func badReply(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadReply}, args...)...)
+	return fmt.Errorf("%w: "+format, append([]any{errBadReply}, args...)...)
 }
 
 // Get reads a record in one round trip.
@@ -375,11 +375,11 @@ redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
 `)
 
-// Restore writes a record that was kept locally during an outage, or that
+// restore writes a record that was kept locally during an outage, or that
 // Redis lost (see Cache). The same session already in Redis is kept and
 // only its expiry refreshed; another live session holding the id is kept
 // and ErrExists returned.
-func (r *Redis) Restore(ctx context.Context, rec *Record) error {
+func (r *Redis) restore(ctx context.Context, rec *Record) error {
 	version := max(rec.Version, 1)
 	n, err := r.write(ctx, "restore", restoreScript, rec, rec.Created, rec.LastUsed, version)
 	return restoreResult(n, err)
@@ -394,16 +394,16 @@ func restoreResult(n int64, err error) error {
 	case n == 2:
 		return ErrExists
 	case n == 3:
-		return ErrDeleted
+		return errDeleted
 	}
 	return badReply("restore script returned %d", n)
 }
 
-// RestoreAll restores recs (as Restore) in pipelined batches of
+// restoreAll restores recs (as restore) in pipelined batches of
 // restoreBatch records, each batch within the budget for its bytes. It
 // returns each record's result; it stops at the first batch that fails as
 // a whole (Redis unreachable), leaving the rest with that error.
-func (r *Redis) RestoreAll(ctx context.Context, recs []*Record) []error {
+func (r *Redis) restoreAll(ctx context.Context, recs []*Record) []error {
 	out := make([]error, len(recs))
 	for start := 0; start < len(recs); start += restoreBatch {
 		batch := recs[start:min(start+restoreBatch, len(recs))]
@@ -647,9 +647,9 @@ redis.call('PUBLISH', ARGV[3], ARGV[2])
 return all
 `)
 
-// ErrDeleted reports a write-back (Restore) of a session that was deleted
+// errDeleted reports a write-back (restore) of a session that was deleted
 // meanwhile: the record is not written, and the caller drops its copy.
-var ErrDeleted = errors.New("session: deleted meanwhile")
+var errDeleted = errors.New("session: deleted meanwhile")
 
 // tombstoneTTL is how long a deleted session's key keeps a tombstone (the
 // field d) instead of vanishing: long enough that no write-back of a copy
@@ -763,9 +763,9 @@ redis.call('SET', KEYS[1], ARGV[1])
 return {1, ARGV[1]}
 `)
 
-// EnsureMarker sets the epoch marker to now unless it exists, and returns
+// ensureMarker sets the epoch marker to now unless it exists, and returns
 // its value and whether this call set it.
-func (r *Redis) EnsureMarker(ctx context.Context) (ms int64, created bool, err error) {
+func (r *Redis) ensureMarker(ctx context.Context) (ms int64, created bool, err error) {
 	defer r.observe("marker", time.Now(), &err)
 	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
@@ -796,17 +796,17 @@ const (
 	ctlRestored = " restored"
 )
 
-// Announce publishes a control message to every replica.
-func (r *Redis) Announce(ctx context.Context, msg string) (err error) {
+// announce publishes a control message to every replica.
+func (r *Redis) announce(ctx context.Context, msg string) (err error) {
 	defer r.observe("announce", time.Now(), &err)
 	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
 	return unavailable(r.client.Publish(ctx, r.channel(), msg).Err())
 }
 
-// Invalidations calls fn with the id of every record another replica
+// invalidations calls fn with the id of every record another replica
 // changed (re-initialized or deleted), and control with every control
-// message (see Announce), until ctx ends. go-redis resubscribes after a
+// message (see announce), until ctx ends. go-redis resubscribes after a
 // disconnect; messages sent meanwhile are lost, so resubscribed is called
 // after every subscription but the first, for the caller to distrust what
 // it cached.
@@ -815,7 +815,7 @@ func (r *Redis) Announce(ctx context.Context, msg string) (err error) {
 // receiving goroutine turns a malformed pub/sub message into a panic that
 // nothing can recover (unchecked type assertions on the reply), while here
 // it is one skipped message.
-func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
+func (r *Redis) invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
 	ps := r.client.Subscribe(ctx, r.channel())
 	defer ps.Close()
 	stop := context.AfterFunc(ctx, func() { ps.Close() }) // unblocks Receive
@@ -832,7 +832,7 @@ func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), re
 				// A quiet channel: check the connection (the pong, or the
 				// failure and the reconnection, shows on the next Receive).
 				ps.Ping(ctx)
-			case errors.Is(err, ErrBadReply):
+			case errors.Is(err, errBadReply):
 			default:
 				if failures++; failures > 1 { // Redis is down: do not spin
 					select {
@@ -868,7 +868,7 @@ func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), re
 const pubsubIdle = 30 * time.Second
 
 // receive is one Receive, with go-redis's panics on malformed messages
-// (see Invalidations) turned into ErrBadReply. The message was read whole
+// (see invalidations) turned into errBadReply. The message was read whole
 // before go-redis looked into it, so the connection stays usable.
 func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
 	defer func() {

@@ -5,7 +5,8 @@
 // A session is keyed by the id the client uses. The record says which backend
 // holds the session today and carries what is needed to rebuild it elsewhere
 // (the original initialize request), so the routing layer can re-initialize a
-// session transparently when its backend goes away (DESIGN §4).
+// session transparently when its backend goes away
+// (docs/design.md#transparent-re-initialization).
 //
 // Records are immutable once stored. Stores hand out shared *Record values;
 // an update is a modified copy passed to Store.Swap, which is a
@@ -36,7 +37,8 @@ var (
 	ErrExists = errors.New("session: id already held by a live session")
 )
 
-// Record is what tether knows of one MCP session (DESIGN §4).
+// Record is what tether knows of one MCP session
+// (docs/design.md#transparent-re-initialization).
 //
 // A stored Record is immutable: stores hand out pointers that are shared
 // with other goroutines, so callers must not modify them. To update a

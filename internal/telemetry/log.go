@@ -6,11 +6,13 @@ import (
 	"log/slog"
 )
 
-// ParseLevel parses --log-level.
+// ParseLevel parses a log level: debug, info, warn or error. Its error
+// starts with the quoted value, so that a caller can put the setting's
+// name before it.
 func ParseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return l, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+		return l, fmt.Errorf("%q: want debug, info, warn or error", s)
 	}
 	return l, nil
 }
@@ -21,7 +23,7 @@ func ParseLevel(s string) (slog.Level, error) {
 func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	lvl, err := ParseLevel(level)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("log level %w", err)
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
@@ -30,5 +32,5 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	case "text", "":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	return nil, fmt.Errorf("log format %q: want text or json", format)
 }

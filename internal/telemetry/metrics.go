@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metrics are tether's Prometheus metrics, on a registry of their own (no
@@ -149,6 +150,44 @@ func (m *Metrics) Request(route, backend string, status int, d time.Duration) {
 	}
 	m.requests.WithLabelValues(route, backend, codeLabel(status)).Inc()
 	m.requestDuration.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// RetainBackends deletes the tether_requests_total series of every backend
+// not in urls, the current endpoint set, so that endpoints that left stop
+// costing memory and scrape time (each rollout brings new backend URLs).
+// A request still in flight when its endpoint left recreates a series when
+// it ends; the next call deletes it. Series without a backend (refused
+// requests) stay. The request path is untouched: this runs when the
+// endpoint set changes (balancer.Options.OnUpdate).
+func (m *Metrics) RetainBackends(urls []string) {
+	if m == nil {
+		return
+	}
+	keep := make(map[string]bool, len(urls)+1)
+	keep[""] = true
+	for _, u := range urls {
+		keep[u] = true
+	}
+	series := make(chan prometheus.Metric)
+	go func() {
+		m.requests.Collect(series)
+		close(series)
+	}()
+	gone := map[string]bool{}
+	for s := range series {
+		var d dto.Metric
+		if err := s.Write(&d); err != nil {
+			continue
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "backend" && !keep[l.GetValue()] {
+				gone[l.GetValue()] = true
+			}
+		}
+	}
+	for backend := range gone {
+		m.requests.DeletePartialMatch(prometheus.Labels{"backend": backend})
+	}
 }
 
 // Reinit counts one re-initialization.

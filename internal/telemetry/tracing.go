@@ -22,9 +22,9 @@ import (
 
 // Tracing is a configured tracer provider, or nothing when tracing is off.
 type Tracing struct {
-	// Provider is nil when tracing is off: the request path then skips
+	// provider is nil when tracing is off: the request path then skips
 	// tracing entirely rather than calling a no-op tracer.
-	Provider   *sdktrace.TracerProvider
+	provider   *sdktrace.TracerProvider
 	Propagator propagation.TextMapPropagator
 	// Exporter names what spans are sent to ("otlp/http", "otlp/grpc",
 	// "stdout"), for the startup log line.
@@ -33,18 +33,18 @@ type Tracing struct {
 
 // Tracer returns tether's tracer, or nil when tracing is off.
 func (t *Tracing) Tracer() trace.Tracer {
-	if t == nil || t.Provider == nil {
+	if t == nil || t.provider == nil {
 		return nil
 	}
-	return t.Provider.Tracer("github.com/tether-mcp/tether")
+	return t.provider.Tracer("github.com/tether-mcp/tether")
 }
 
 // Shutdown flushes and stops the exporter.
 func (t *Tracing) Shutdown(ctx context.Context) error {
-	if t == nil || t.Provider == nil {
+	if t == nil || t.provider == nil {
 		return nil
 	}
-	return t.Provider.Shutdown(ctx)
+	return t.provider.Shutdown(ctx)
 }
 
 // TracingOptions selects the exporter.
@@ -129,6 +129,6 @@ func NewTracing(ctx context.Context, opts TracingOptions) (*Tracing, error) {
 			}
 		}
 	}
-	t.Provider = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	t.provider = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return t, nil
 }

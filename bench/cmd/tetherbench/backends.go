@@ -34,7 +34,7 @@ func backendsCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tetherbench backends", flag.ContinueOnError)
 	names := fs.String("names", "b0,b1,b2", "comma-separated backend names")
 	listen := fs.String("listen", "127.0.0.1:0", "comma-separated listen addresses, one per name (or one for all)")
-	namedIDs := fs.Bool("named-ids", false, "session ids start with the backend's name and a dot (what nginx OSS needs to route sessions; see DESIGN §9); "+
+	namedIDs := fs.Bool("named-ids", false, "session ids start with the backend's name and a dot (what nginx OSS needs to route sessions; see docs/design.md#benchmark-anchors); "+
 		"these backends are a go-sdk server with the same tools as internal/mcpbackend, and cannot be killed")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -351,7 +351,7 @@ func overheadMarkdown(o *overheadResult) string {
 	for _, t := range o.Targets {
 		fmt.Fprintf(&b, "- %s: closed loop %.0f req/s; stopped at %s. %s\n", t.Name, t.Estimate, cmpOr(t.StopWhy, "the last step (all sustainable)"), t.Note)
 	}
-	fmt.Fprintf(&b, "\nnginx as usually written, `hash $http_mcp_session_id consistent`: **%d of %d** sessions' follow-ups answered 404 (DESIGN §9: the id is minted by the backend, so the hash of a follow-up's id names an arbitrary backend).\n", o.HashWrong, o.HashTotal)
+	fmt.Fprintf(&b, "\nnginx as usually written, `hash $http_mcp_session_id consistent`: **%d of %d** sessions' follow-ups answered 404 (docs/design.md#benchmark-anchors: the id is minted by the backend, so the hash of a follow-up's id names an arbitrary backend).\n", o.HashWrong, o.HashTotal)
 	return b.String()
 }
 

@@ -107,8 +107,8 @@ func startRedis(ctx context.Context, logDir string) (*proc, string, error) {
 	return p, "redis://" + addr + "/0", nil
 }
 
-// nginxConfig is nginx OSS configured fairly for MCP (DESIGN §9): the
-// backends put their name in the session id, a map sends each id to its
+// nginxConfig is nginx OSS configured fairly for MCP
+// (docs/design.md#benchmark-anchors): the backends put their name in the session id, a map sends each id to its
 // backend's upstream, and requests without an id (initialize) go to the
 // pool. A second server block is the configuration people write first,
 // `hash $http_mcp_session_id consistent`, which is not sticky for MCP: it is
@@ -186,8 +186,8 @@ func startNginx(ctx context.Context, logDir string, names []string, addrs map[st
 }
 
 // haproxyConfig sticks sessions with a stick table that learns the id from
-// the response that mints it (DESIGN §9): `stick store-response
-// res.hdr(mcp-session-id)` and `stick match req.hdr(mcp-session-id)`.
+// the response that mints it (docs/design.md#benchmark-anchors):
+// `stick store-response res.hdr(mcp-session-id)` and `stick match req.hdr(mcp-session-id)`.
 // Requests without an id are balanced round-robin. Upstream connections
 // are reused (`http-reuse always`), as tether and nginx reuse theirs.
 func haproxyConfig(port int, names []string, addrs map[string]string) string {

@@ -1,0 +1,28 @@
+package session
+
+import (
+	"context"
+	"time"
+)
+
+// The external tests (package session_test) reach these unexported parts
+// through the names below, which exist only in test builds: the Cache is
+// the Redis store's only production caller of them.
+
+var (
+	ErrInitTooLarge = errInitTooLarge
+	ErrBadReply     = errBadReply
+	ErrDeleted      = errDeleted
+)
+
+func (m *Memory) Sweep(now time.Time) int { return m.sweep(now) }
+
+func (r *Redis) Restore(ctx context.Context, rec *Record) error { return r.restore(ctx, rec) }
+
+func (r *Redis) EnsureMarker(ctx context.Context) (ms int64, created bool, err error) {
+	return r.ensureMarker(ctx)
+}
+
+func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
+	r.invalidations(ctx, fn, resubscribed, control)
+}
