@@ -181,14 +181,6 @@ func New(cfg Config) *Proxy {
 	return p
 }
 
-// SessionExpired is the session store's expiry callback: the record's
-// backend loses one live session.
-func (p *Proxy) SessionExpired(rec *session.Record) {
-	if ep, ok := p.bal.Lookup(rec.BackendID); ok {
-		ep.AddSessions(-1)
-	}
-}
-
 // exchange is the state of one client request as it moves along the path.
 // The route step and the forward loop write it; the ReverseProxy callbacks
 // of an attempt read it and write only the record step's result (newSID).
@@ -508,18 +500,12 @@ func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, r *ht
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// endSession removes a session record and its count on the backend.
+// endSession removes a session record (its backend's count follows the
+// store's Deleted change, see CountSessions).
 func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
 	p.decisions.remove(rec.ClientSID)
-	removed, err := p.store.Delete(ctx, rec.ClientSID)
-	if err != nil {
-		if !errors.Is(err, session.ErrNotFound) {
-			p.log.Warn("session delete failed", "err", err)
-		}
-		return
-	}
-	if ep, ok := p.bal.Lookup(removed.BackendID); ok {
-		ep.AddSessions(-1)
+	if _, err := p.store.Delete(ctx, rec.ClientSID); err != nil && !errors.Is(err, session.ErrNotFound) {
+		p.log.Warn("session delete failed", "err", err)
 	}
 }
 
@@ -671,7 +657,6 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			resp.Body.Close()
 			return &storeWriteError{err}
 		}
-		a.ep.AddSessions(1)
 		x.newSID = sid
 	case x.rec != nil:
 		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
