@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tether-mcp/tether/internal/discovery"
 )
 
 // TestMain lets the test binary stand in for the tether binary, so that
@@ -59,13 +57,12 @@ func TestGracefulShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ := discovery.NewStatic(cfg.Backends)
 	ctx, stop := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.run(ctx, src) }()
+	go func() { runErr <- s.Run(ctx) }()
 
-	clientURL := "http://" + s.clientLn.Addr().String() + "/mcp"
-	readyURL := "http://" + s.adminLn.Addr().String() + "/readyz"
+	clientURL := "http://" + s.ClientAddr().String() + "/mcp"
+	readyURL := "http://" + s.AdminAddr().String() + "/readyz"
 	waitFor(t, "ready", func() bool { return status(readyURL) == 200 })
 
 	postDone := make(chan int, 1)
@@ -99,7 +96,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	waitFor(t, "readiness off", func() bool { return status(readyURL) != 200 })
 	waitFor(t, "listener closed", func() bool {
-		c, err := net.Dial("tcp", s.clientLn.Addr().String())
+		c, err := net.Dial("tcp", s.ClientAddr().String())
 		if err == nil {
 			c.Close()
 		}

@@ -173,7 +173,7 @@ func loadWebhookConfiguration(t *testing.T) *admissionregistrationv1.MutatingWeb
 // dryRun=All in namespace "proxies" (or its own).
 func dryRunGoldens(ctx context.Context, t *testing.T, c kubernetes.Interface) {
 	t.Helper()
-	files, err := filepath.Glob("../../inject/testdata/*.golden.yaml")
+	files, err := filepath.Glob("../../internal/inject/testdata/*.golden.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files (%v)", err)
 	}
