@@ -78,6 +78,7 @@ type SessionView struct {
 	Now time.Time `json:"now"`
 }
 
+// AdminError is the body of a debug endpoint's error answer.
 type AdminError struct {
 	Error string `json:"error"`
 }

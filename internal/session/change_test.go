@@ -40,10 +40,9 @@ func (l *changeLog) take() []string {
 	return got
 }
 
-// storeChanges has a store create, move, delete (and, for the memory
-// store, expire) sessions on the store's clock now, including the calls
-// that change nothing, and
-// checks that each change is told once and nothing else is.
+// storeChanges has a store create, move and delete sessions on the
+// store's clock now, including the calls that change nothing, and checks that each change is told once and
+// nothing else is.
 func storeChanges(t *testing.T, s session.Store, now func() time.Time, log *changeLog) {
 	t.Helper()
 	ctx := context.Background()
