@@ -1,8 +1,10 @@
 // Package server is a whole tether: the client listener in front of the
 // proxy, the admin listener (/healthz, /readyz, /metrics, /debug), the
 // balancer fed by a discovery source, the session store and the telemetry,
-// wired once. cmd/tether's serve and demo commands, the benchmark and the
-// tests all run tether through it.
+// wired once. cmd/tether's serve and demo commands, the benchmark's
+// profiled tether and the end-to-end tests run tether through it; the
+// proxy's own tests build just the proxy around a store, with the same
+// session counting (proxy.CountSessions) and stats (EndpointStats).
 //
 // New binds both listeners (an address in use fails before anything
 // starts); Run serves until its context ends and then shuts down
