@@ -11,7 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-const dashboardPath = "../deploy/grafana/tether-dashboard.json"
+const dashboardPath = "../../deploy/grafana/tether-dashboard.json"
 
 var (
 	seriesRe   = regexp.MustCompile(`\b((?:tether|go|process)_[a-zA-Z0-9_]+)\s*(\{[^}]*\})?`)
