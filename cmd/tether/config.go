@@ -17,6 +17,7 @@ import (
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
@@ -93,7 +94,7 @@ func defaultConfig() config {
 		MaxInflightBodyBytes:      proxy.DefaultMaxInflightBodyBytes,
 		BodyTimeout:               proxy.DefaultBodyTimeout,
 		MaxStreams:                proxy.DefaultMaxStreams,
-		HTTP2MaxConcurrentStreams: defaultHTTP2MaxConcurrentStreams,
+		HTTP2MaxConcurrentStreams: server.DefaultHTTP2MaxConcurrentStreams,
 		// Why these bounds: see session.DefaultMaxSessions and
 		// session.DefaultMaxInitBytes.
 		MaxSessions:         session.DefaultMaxSessions,

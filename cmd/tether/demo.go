@@ -26,8 +26,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-mcp/tether/internal/balancer"
-	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/session"
 )
 
@@ -113,7 +113,7 @@ type demo struct {
 	opts     demoOptions
 	out      io.Writer
 	backends []*mcpbackend.Backend
-	tether   *server
+	tether   *server.Server
 	url      string // tether's client endpoint
 
 	stopTether context.CancelFunc
@@ -149,27 +149,22 @@ func startDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*d
 		d.stop()
 		return nil, fmt.Errorf("demo: %w", err)
 	}
-	src, err := discovery.NewStatic(cfg.Backends)
-	if err != nil {
-		d.stop()
-		return nil, fmt.Errorf("demo: %w", err)
-	}
+	var err error
 	d.tether, err = newServer(cfg, newLogger(stderr, cfg.LogFormat, cfg.LogLevel))
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("demo: %w", err)
 	}
-	d.url = "http://" + d.tether.clientLn.Addr().String() + "/mcp"
+	d.url = "http://" + d.tether.ClientAddr().String() + "/mcp"
 
 	// tether runs on its own context, not ctx: on Ctrl-C the client sessions
 	// are still closed through it before it stops.
 	runCtx, stopTether := context.WithCancel(context.Background())
 	d.stopTether = stopTether
 	d.tetherDone = make(chan error, 1)
-	synced := &syncedSource{Source: src, synced: make(chan struct{})}
-	go func() { d.tetherDone <- d.tether.run(runCtx, synced) }()
+	go func() { d.tetherDone <- d.tether.Run(runCtx) }()
 	select {
-	case <-synced.synced:
+	case <-d.tether.Synced():
 	case err := <-d.tetherDone:
 		if err == nil {
 			err = errors.New("stopped before it knew its backends")
@@ -190,27 +185,12 @@ func startDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*d
 	for _, b := range d.backends {
 		w = max(w, len(b.Name))
 	}
-	fmt.Fprintf(d.out, "   %-*s  %s   (admin http://%s)\n", w, "tether", d.url, d.tether.adminLn.Addr())
+	fmt.Fprintf(d.out, "   %-*s  %s   (admin http://%s)\n", w, "tether", d.url, d.tether.AdminAddr())
 	for _, b := range d.backends {
 		fmt.Fprintf(d.out, "   %-*s  %s\n", w, b.Name, b.URL())
 	}
 	fmt.Fprintln(d.out)
 	return d, nil
-}
-
-// syncedSource closes synced once the first snapshot has reached tether's
-// balancer, so the demo connects no client before tether can place it.
-type syncedSource struct {
-	discovery.Source
-	synced chan struct{}
-	once   sync.Once
-}
-
-func (s *syncedSource) Run(ctx context.Context, update func(discovery.Snapshot)) error {
-	return s.Source.Run(ctx, func(snap discovery.Snapshot) {
-		update(snap)
-		s.once.Do(func() { close(s.synced) })
-	})
 }
 
 // stop closes the client sessions still open, then stops tether, then the
@@ -455,7 +435,7 @@ func (d *demo) run(ctx context.Context) error {
 		if cs == nil {
 			continue
 		}
-		rec, err := d.tether.store.Get(ctx, cs.ID())
+		rec, err := d.tether.Store().Get(ctx, cs.ID())
 		if err != nil {
 			return fmt.Errorf("demo: session record: %w", err)
 		}
@@ -474,7 +454,7 @@ func (d *demo) run(ctx context.Context) error {
 	closeErrs := d.closeSessions()
 	left := 0
 	for _, id := range ids {
-		if _, err := d.tether.store.Get(ctx, id); !errors.Is(err, session.ErrNotFound) {
+		if _, err := d.tether.Store().Get(ctx, id); !errors.Is(err, session.ErrNotFound) {
 			left++
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
@@ -23,7 +25,7 @@ import (
 // explainFixture is tether in front of two go-sdk backends with one live
 // client session.
 type explainFixture struct {
-	s        *server
+	s        *server.Server
 	admin    string
 	backends map[string]*mcpbackend.Backend // by name
 	cs       *mcp.ClientSession
@@ -50,22 +52,24 @@ func startExplainFixture(t *testing.T, transport *mcp.StreamableClientTransport)
 		f.backends[b.Name] = b
 	}
 	urls := testkit.URLs(started)
-	f.s = startServerPrepared(t, nil, func(s *server) {
-		s.transport.DialContext = f.backendConns.dialer(s.transport.DialContext)
-		handler := s.client.Handler
-		s.client.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method != http.MethodGet {
-				defer f.finished.Add(1)
-			}
-			handler.ServeHTTP(w, r)
-		})
+	f.s = startServerPrepared(t, nil, func(sc *server.Config) {
+		sc.Transport = proxy.NewTransport(sc.BackendH2C)
+		sc.Transport.DialContext = f.backendConns.dialer(sc.Transport.DialContext)
+		sc.WrapHandler = func(handler http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodGet {
+					defer f.finished.Add(1)
+				}
+				handler.ServeHTTP(w, r)
+			})
+		}
 	}, urls...)
-	f.admin = "http://" + f.s.adminLn.Addr().String()
+	f.admin = "http://" + f.s.AdminAddr().String()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	client := mcp.NewClient(&mcp.Implementation{Name: "explain-test", Version: "1"}, nil)
-	transport.Endpoint = "http://" + f.s.clientLn.Addr().String() + "/mcp"
+	transport.Endpoint = "http://" + f.s.ClientAddr().String() + "/mcp"
 	transport.HTTPClient = &http.Client{Transport: countingTransport{&f.sent}}
 	cs, err := client.Connect(ctx, transport, nil)
 	if err != nil {

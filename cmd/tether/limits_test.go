@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -45,9 +45,9 @@ func heapInUse() uint64 {
 }
 
 // metricsText scrapes the admin listener.
-func metricsText(t *testing.T, s *server) string {
+func metricsText(t *testing.T, s *server.Server) string {
 	t.Helper()
-	resp, err := http.Get("http://" + s.adminLn.Addr().String() + "/metrics")
+	resp, err := http.Get("http://" + s.AdminAddr().String() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func rawPost(t *testing.T, addr string, contentLength int, prefix string) (net.C
 // waitHeldOrRefused waits until the proxy has reserved more than prev body
 // bytes (the request is held, waiting for its body) or the request was
 // answered (refused). It returns the response, nil if held.
-func waitHeldOrRefused(t *testing.T, s *server, prev int64, answered <-chan *http.Response) *http.Response {
+func waitHeldOrRefused(t *testing.T, s *server.Server, prev int64, answered <-chan *http.Response) *http.Response {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
 	for {
@@ -140,7 +140,7 @@ func waitHeldOrRefused(t *testing.T, s *server, prev int64, answered <-chan *htt
 		case <-deadline:
 			t.Fatal("request neither held nor refused")
 		case <-time.After(5 * time.Millisecond):
-			if s.proxy.LimitStats().InflightBodyBytes > prev {
+			if s.LimitStats().InflightBodyBytes > prev {
 				return nil
 			}
 		}
@@ -157,13 +157,13 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 		c.MaxInflightBodyBytes = budget
 		c.BodyTimeout = time.Minute // this test is about memory; see TestBodyTimeout
 	}, pingBackend(t).URL)
-	addr := s.clientLn.Addr().String()
+	addr := s.ClientAddr().String()
 
 	before := heapInUse()
 	var held []net.Conn
 	refused := 0
 	for range attackers {
-		prev := s.proxy.LimitStats().InflightBodyBytes
+		prev := s.LimitStats().InflightBodyBytes
 		conn, answered := rawPost(t, addr, announcedBody, "")
 		resp := waitHeldOrRefused(t, s, prev, answered)
 		if resp == nil {
@@ -172,7 +172,7 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 			refused++
 			checkRefusal(t, resp, http.StatusServiceUnavailable, true)
 		}
-		if got := s.proxy.LimitStats().InflightBodyBytes; got > budget {
+		if got := s.LimitStats().InflightBodyBytes; got > budget {
 			t.Fatalf("%d body bytes in flight, over the %d budget", got, budget)
 		}
 	}
@@ -187,7 +187,7 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 	// At the bound, an ordinary request is refused too; once the held
 	// requests end, it passes again.
 	ping := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
-	if s.proxy.LimitStats().InflightBodyBytes+int64(len(ping)) > budget {
+	if s.LimitStats().InflightBodyBytes+int64(len(ping)) > budget {
 		resp, err := http.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(ping))
 		if err != nil {
 			t.Fatal(err)
@@ -199,7 +199,7 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
 	resp, err := http.Post("http://"+addr+"/mcp", "application/json", strings.NewReader(ping))
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 		c.MaxInflightBodyBytes = budget
 		c.BodyTimeout = time.Minute
 	}, pingBackend(t).URL)
-	url := "http://" + s.clientLn.Addr().String() + "/mcp"
+	url := "http://" + s.ClientAddr().String() + "/mcp"
 	client := h2cClient()
 	t.Cleanup(client.CloseIdleConnections)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -244,7 +244,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 		req.ContentLength = announcedBody
 		req.Header.Set("Content-Type", "application/json")
 		answered := make(chan *http.Response, 1)
-		prev := s.proxy.LimitStats().InflightBodyBytes
+		prev := s.LimitStats().InflightBodyBytes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -268,7 +268,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 			}
 			checkRefusal(t, resp, http.StatusServiceUnavailable, true)
 		}
-		if got := s.proxy.LimitStats().InflightBodyBytes; got > budget {
+		if got := s.LimitStats().InflightBodyBytes; got > budget {
 			t.Fatalf("%d body bytes in flight, over the %d budget", got, budget)
 		}
 	}
@@ -282,7 +282,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 	for _, pw := range bodies {
 		pw.CloseWithError(errors.New("test over"))
 	}
-	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().InflightBodyBytes == 0 }, "held bodies released")
 }
 
 // A body that starts and never finishes is given --body-timeout, then
@@ -290,7 +290,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 // (h2c). Old main waited for ever (connections open after 150 s).
 func TestBodyTimeout(t *testing.T) {
 	s := startServerWith(t, func(c *config) { c.BodyTimeout = 500 * time.Millisecond }, pingBackend(t).URL)
-	addr := s.clientLn.Addr().String()
+	addr := s.ClientAddr().String()
 	const slow = 3
 
 	t.Run("HTTP/1.1", func(t *testing.T) {
@@ -339,7 +339,7 @@ func TestBodyTimeout(t *testing.T) {
 		wg.Wait()
 	})
 
-	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().InflightBodyBytes == 0 }, "bodies released")
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().InflightBodyBytes == 0 }, "bodies released")
 	if got := metricValue(metricsText(t, s), `tether_limit_rejections_total{limit="body_timeout"}`); got != 2*slow {
 		t.Errorf("tether_limit_rejections_total{limit=body_timeout} = %v, want %d", got, 2*slow)
 	}
@@ -387,7 +387,7 @@ func TestBodyTimeoutSparesLongResponses(t *testing.T) {
 	const events = 5
 	backend := sseBackend(t, events, 250*time.Millisecond) // 1.25 s > the body timeout
 	s := startServerWith(t, func(c *config) { c.BodyTimeout = 500 * time.Millisecond }, backend.URL)
-	url := "http://" + s.clientLn.Addr().String() + "/mcp"
+	url := "http://" + s.ClientAddr().String() + "/mcp"
 	for name, client := range map[string]*http.Client{"HTTP/1.1": http.DefaultClient, "h2c": h2cClient()} {
 		t.Run(name, func(t *testing.T) {
 			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}`))
@@ -415,7 +415,7 @@ func TestStreamCap(t *testing.T) {
 	const maxStreams = 3
 	backend := sseBackend(t, -1, 0)
 	s := startServerWith(t, func(c *config) { c.MaxStreams = maxStreams }, backend.URL)
-	url := "http://" + s.clientLn.Addr().String() + "/mcp"
+	url := "http://" + s.ClientAddr().String() + "/mcp"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	open := func(client *http.Client) *http.Response {
@@ -443,7 +443,7 @@ func TestStreamCap(t *testing.T) {
 		}
 		streams = append(streams, resp)
 	}
-	if got := s.proxy.LimitStats().OpenStreams; got != maxStreams {
+	if got := s.LimitStats().OpenStreams; got != maxStreams {
 		t.Errorf("%d open streams counted, want %d", got, maxStreams)
 	}
 	for _, client := range []*http.Client{http.DefaultClient, h2c} {
@@ -460,87 +460,10 @@ func TestStreamCap(t *testing.T) {
 	}
 
 	streams[0].Body.Close()
-	testkit.Eventually(t, 10*time.Second, func() bool { return s.proxy.LimitStats().OpenStreams == maxStreams-1 }, "the closed stream's slot freed")
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().OpenStreams == maxStreams-1 }, "the closed stream's slot freed")
 	resp := open(http.DefaultClient)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("after a stream ended: %d, want 200", resp.StatusCode)
-	}
-}
-
-// The h2c listener announces bounded settings: concurrent streams, the
-// frame size (Go's default of 1 MiB lets every connection pin a 1 MiB read
-// buffer) and the flow-control windows.
-func TestH2CSettings(t *testing.T) {
-	s := startServer(t, pingBackend(t).URL)
-	conn, err := net.Dial("tcp", s.clientLn.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	// Client preface and an empty SETTINGS frame (RFC 9113 §3.4, §6.5).
-	io.WriteString(conn, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-	conn.Write([]byte{0, 0, 0, 0x4, 0, 0, 0, 0, 0})
-	r := bufio.NewReader(conn)
-	var hdr [9]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
-	if hdr[3] != 0x4 || length%6 != 0 || length > 1024 {
-		t.Fatalf("first frame: type %d, length %d; want SETTINGS", hdr[3], length)
-	}
-	payload := make([]byte, length)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		t.Fatal(err)
-	}
-	got := map[uint16]uint32{}
-	for i := 0; i < length; i += 6 {
-		got[binary.BigEndian.Uint16(payload[i:])] = binary.BigEndian.Uint32(payload[i+2:])
-	}
-	for id, want := range map[uint16]uint32{
-		0x3: defaultHTTP2MaxConcurrentStreams, // SETTINGS_MAX_CONCURRENT_STREAMS
-		0x4: h2ReceiveBuffer,                  // SETTINGS_INITIAL_WINDOW_SIZE
-		0x5: h2MaxReadFrameSize,               // SETTINGS_MAX_FRAME_SIZE
-	} {
-		if got[id] != want {
-			t.Errorf("setting 0x%x = %d, want %d", id, got[id], want)
-		}
-	}
-	if v, ok := got[0x6]; !ok || v > 2*clientMaxHeaderBytes { // SETTINGS_MAX_HEADER_LIST_SIZE
-		t.Errorf("SETTINGS_MAX_HEADER_LIST_SIZE %d (sent: %v), want about %d", v, ok, clientMaxHeaderBytes)
-	}
-}
-
-// The admin listener bounds what a client may send and how long it may
-// take: oversized headers get 431, and a request whose body never comes
-// is cut at the read timeout (old main: no read timeout, held for ever).
-func TestAdminListenerLimits(t *testing.T) {
-	t.Parallel()
-	s := startServer(t, pingBackend(t).URL)
-	admin := s.adminLn.Addr().String()
-
-	req, _ := http.NewRequest(http.MethodGet, "http://"+admin+"/healthz", nil)
-	req.Header.Set("X-Padding", strings.Repeat("a", 2*adminMaxHeaderBytes))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Errorf("%d KiB of headers: %d, want 431", 2*adminMaxHeaderBytes>>10, resp.StatusCode)
-	}
-
-	conn, err := net.Dial("tcp", admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-	// Whatever the server answers, it must then close the connection.
-	conn.SetReadDeadline(time.Now().Add(adminReadTimeout + 20*time.Second))
-	if _, err := io.Copy(io.Discard, conn); err != nil {
-		t.Errorf("a request without its body held the admin connection: %v", err)
 	}
 }

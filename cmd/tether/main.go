@@ -90,14 +90,9 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
-	source, err := newSource(cfg, log)
+	s, err := newServer(cfg, newLogger(stderr, cfg.LogFormat, cfg.LogLevel))
 	if err != nil {
 		return err
 	}
-	s, err := newServer(cfg, log)
-	if err != nil {
-		return err
-	}
-	return s.run(ctx, source)
+	return s.Run(ctx)
 }

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
@@ -34,12 +33,11 @@ func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ := discovery.NewStatic(cfg.Backends)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.run(ctx, src) }()
+	go func() { done <- s.Run(ctx) }()
 	defer func() { stop(); <-done }()
-	ready := "http://" + s.adminLn.Addr().String() + "/readyz"
+	ready := "http://" + s.AdminAddr().String() + "/readyz"
 	testkit.Eventually(t, 10*time.Second, func() bool { return status(ready) == 200 }, "ready")
 
 	srv.Kill()
@@ -47,7 +45,7 @@ func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	if got := status(ready); got != 200 {
 		t.Errorf("/readyz while Redis is down: %d, want 200 (degraded but serving)", got)
 	}
-	resp, err := http.Post("http://"+s.clientLn.Addr().String()+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	resp, err := http.Post("http://"+s.ClientAddr().String()+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

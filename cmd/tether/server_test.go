@@ -14,25 +14,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // startServer runs tether on ephemeral loopback ports in front of backends.
-func startServer(t *testing.T, backends ...string) *server {
+func startServer(t *testing.T, backends ...string) *server.Server {
 	t.Helper()
 	return startServerWith(t, nil, backends...)
 }
 
 // startServerWith is startServer with tune applied to the configuration.
-func startServerWith(t *testing.T, tune func(*config), backends ...string) *server {
+func startServerWith(t *testing.T, tune func(*config), backends ...string) *server.Server {
 	t.Helper()
 	return startServerPrepared(t, tune, nil, backends...)
 }
 
-// startServerPrepared is startServerWith with prepare applied to the server
-// before it runs (no goroutine of it has started yet).
-func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server), backends ...string) *server {
+// startServerPrepared is startServerWith with prepare applied to the
+// server's configuration, as the flags give it, before the server starts.
+func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server.Config), backends ...string) *server.Server {
 	t.Helper()
 	cfg := defaultConfig()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
@@ -40,31 +40,32 @@ func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server)
 	if tune != nil {
 		tune(&cfg)
 	}
-	s, err := newServer(cfg, slog.New(slog.DiscardHandler))
+	sc, err := serverConfig(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if prepare != nil {
-		prepare(s)
+		prepare(&sc)
 	}
-	src, err := discovery.NewStatic(backends)
+	s, err := listen(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.run(ctx, src) }()
+	go func() { done <- s.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+s.adminLn.Addr().String()+"/readyz") == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+s.AdminAddr().String()+"/readyz") == 200 }, "ready")
 	return s
 }
 
 func pingBackend(t *testing.T) *httptest.Server {
-	srv := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	}))
+	t.Cleanup(srv.Close)
 	return srv
 }
 
@@ -72,7 +73,7 @@ func pingBackend(t *testing.T) *httptest.Server {
 // (prior knowledge), and never upgrades an HTTP/1.1 connection.
 func TestClientListenerH2CPriorKnowledgeOnly(t *testing.T) {
 	s := startServer(t, pingBackend(t).URL)
-	addr := s.clientLn.Addr().String()
+	addr := s.ClientAddr().String()
 
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
@@ -106,65 +107,10 @@ func TestClientListenerH2CPriorKnowledgeOnly(t *testing.T) {
 
 func TestAdminEndpoints(t *testing.T) {
 	s := startServer(t, pingBackend(t).URL)
-	admin := "http://" + s.adminLn.Addr().String()
+	admin := "http://" + s.AdminAddr().String()
 	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/nope": 404} {
 		if got := status(admin + path); got != want {
 			t.Errorf("GET %s: %d, want %d", path, got, want)
-		}
-	}
-}
-
-// When an endpoint stops being ready, the idle connections of the pool are
-// dropped, so no request is sent on a connection the terminating backend is
-// about to close.
-func TestIdleConnectionsDroppedWhenAnEndpointLeaves(t *testing.T) {
-	closed := make(chan struct{}, 1)
-	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	backend.Config.ConnState = func(c net.Conn, st http.ConnState) {
-		if st == http.StateClosed {
-			select {
-			case closed <- struct{}{}:
-			default:
-			}
-		}
-	}
-	backend.Start()
-	defer backend.Close()
-
-	s := &server{transport: &http.Transport{}}
-	resp, err := (&http.Client{Transport: s.transport}).Get(backend.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close() // the connection is now idle in the pool
-
-	a := discovery.Endpoint{ID: "a", State: discovery.Ready}
-	b := discovery.Endpoint{ID: "b", State: discovery.Ready}
-	ready := s.dropIdleOnDeparture(nil, discovery.Snapshot{Endpoints: []discovery.Endpoint{a, b}})
-	select {
-	case <-closed:
-		t.Fatal("idle connections dropped although no endpoint left")
-	default:
-	}
-	b.State = discovery.Fenced
-	s.dropIdleOnDeparture(ready, discovery.Snapshot{Endpoints: []discovery.Endpoint{a, b}})
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the idle connection survived an endpoint turning terminating")
-	}
-}
-
-func TestDebugIsLoopbackOnly(t *testing.T) {
-	h := loopbackOnly(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	for addr, want := range map[string]int{"127.0.0.1:5000": 200, "[::1]:5000": 200, "10.244.0.7:5000": 403, "garbage": 403} {
-		r := httptest.NewRequest("GET", "/debug/endpoints", nil)
-		r.RemoteAddr = addr
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		if w.Code != want {
-			t.Errorf("from %s: %d, want %d", addr, w.Code, want)
 		}
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -60,13 +59,12 @@ func TestGracefulShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ := discovery.NewStatic(cfg.Backends)
 	ctx, stop := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.run(ctx, src) }()
+	go func() { runErr <- s.Run(ctx) }()
 
-	clientURL := "http://" + s.clientLn.Addr().String() + "/mcp"
-	readyURL := "http://" + s.adminLn.Addr().String() + "/readyz"
+	clientURL := "http://" + s.ClientAddr().String() + "/mcp"
+	readyURL := "http://" + s.AdminAddr().String() + "/readyz"
 	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) == 200 }, "ready")
 
 	postDone := make(chan int, 1)
@@ -100,7 +98,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) != 200 }, "readiness off")
 	testkit.Eventually(t, 10*time.Second, func() bool {
-		c, err := net.Dial("tcp", s.clientLn.Addr().String())
+		c, err := net.Dial("tcp", s.ClientAddr().String())
 		if err == nil {
 			c.Close()
 		}

@@ -83,7 +83,9 @@ func (e *Endpoint) Begin() { e.inflight.Add(1) }
 func (e *Endpoint) End() { e.inflight.Add(-1) }
 
 // AddSessions adjusts the live session count: +1 when a session is created on
-// the endpoint, -1 when it is deleted, expires or moves elsewhere.
+// the endpoint, -1 when it is deleted, expires or moves elsewhere. In tether
+// the session store's changes drive it (proxy.CountSessions), re-based on
+// the fleet-wide count with a shared store (proxy.Proxy.RunLoadSync).
 func (e *Endpoint) AddSessions(n int64) { e.sessions.Add(n) }
 
 // Ejected reports whether passive health checking currently keeps the

@@ -13,10 +13,12 @@ type fleetCounter interface {
 }
 
 // RunLoadSync keeps each endpoint's session count equal to the fleet-wide
-// count, re-read every interval, plus what this replica placed or removed
-// since. It returns at once for a store without fleet-wide counts (the
-// memory store: this replica's own count is then exact), otherwise when ctx
-// ends.
+// count, re-read every interval, plus the changes this replica's store told
+// since (CountSessions). It is the only correction of the counts: it
+// catches what no event tells (other replicas' sessions, Redis's own
+// expiry). It returns at once for a store without fleet-wide counts (the
+// memory store: the counts kept from its changes are then exact),
+// otherwise when ctx ends.
 func (p *Proxy) RunLoadSync(ctx context.Context, interval time.Duration) {
 	fc, ok := p.store.(fleetCounter)
 	if !ok {

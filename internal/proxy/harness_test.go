@@ -61,6 +61,9 @@ type harnessOptions struct {
 	wrapStore func(session.Store) session.Store
 	// principalHeaders is proxy.Config.PrincipalHeaders.
 	principalHeaders []string
+	// maxSessions bounds the session records held (the memory store's, or
+	// the cache's); 0 is the default bound.
+	maxSessions int
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -109,7 +112,7 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 		h.metrics = newHarnessMetrics(h)
 	}
 	if o.redis == nil {
-		h.mem = session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnExpire: func(r *session.Record) { h.proxy.SessionExpired(r) }})
+		h.mem = session.NewMemory(session.MemoryOptions{TTL: time.Hour, MaxSessions: o.maxSessions, OnChange: proxy.CountSessions(h.bal)})
 		h.store = h.mem
 	} else {
 		if o.redisTimeout == 0 {
@@ -124,7 +127,7 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 			client.AddHook(o.hook)
 		}
 		ropts := session.RedisOptions{Client: client, Timeout: o.redisTimeout}
-		copts := session.CacheOptions{Logger: log}
+		copts := session.CacheOptions{Logger: log, Size: o.maxSessions, OnChange: proxy.CountSessions(h.bal)}
 		if h.metrics != nil {
 			ropts.Observe, copts.OnDegraded = h.metrics.StoreOp, h.metrics.StoreDegraded
 		}

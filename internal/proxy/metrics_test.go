@@ -15,31 +15,21 @@ import (
 
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/telemetry"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
-// newHarnessMetrics builds the metrics as cmd/tether does: endpoint gauges
+// newHarnessMetrics builds the metrics as internal/server does: endpoint gauges
 // read from the balancer at scrape time, cache counters from the store.
 func newHarnessMetrics(h *harness) *telemetry.Metrics {
 	return telemetry.NewMetrics(telemetry.MetricsOptions{
-		Endpoints: func() []telemetry.EndpointStat {
-			var out []telemetry.EndpointStat
-			for _, e := range h.bal.Endpoints() {
-				state := e.State().String()
-				if e.Ejected() {
-					state = "ejected"
-				}
-				out = append(out, telemetry.EndpointStat{ID: e.ID, URL: e.String(), State: state, Sessions: e.Sessions(), Inflight: e.Inflight()})
-			}
-			return out
-		},
+		Endpoints: func() []telemetry.EndpointStat { return server.EndpointStats(h.bal) },
 		Store: func() telemetry.StoreStat {
-			if h.cache == nil {
-				return telemetry.StoreStat{}
+			if h.cache != nil {
+				return server.StoreStats(h.cache)
 			}
-			st := h.cache.Stats()
-			return telemetry.StoreStat{CacheHits: st.Hits, CacheMisses: st.Misses, Pending: st.Pending, Unwritten: st.Unwritten}
+			return server.StoreStats(h.mem)
 		},
 	})
 }

@@ -161,14 +161,6 @@ func New(cfg Config) *Proxy {
 	return p
 }
 
-// SessionExpired is the session store's expiry callback: the record's
-// backend loses one live session.
-func (p *Proxy) SessionExpired(rec *session.Record) {
-	if ep, ok := p.bal.Lookup(rec.BackendID); ok {
-		ep.AddSessions(-1)
-	}
-}
-
 // exchange is the state of one client request as it moves along the path.
 // The route step and the forward loop write it; an attempt reads it and
 // writes only the record step's result (newSID) and its own bookkeeping.
@@ -434,18 +426,12 @@ func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, r *ht
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// endSession removes a session record and its count on the backend.
+// endSession removes a session record (its backend's count follows the
+// store's Deleted change, see CountSessions).
 func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
 	p.decisions.remove(rec.ClientSID)
-	removed, err := p.store.Delete(ctx, rec.ClientSID)
-	if err != nil {
-		if !errors.Is(err, session.ErrNotFound) {
-			p.log.Warn("session delete failed", "err", err)
-		}
-		return
-	}
-	if ep, ok := p.bal.Lookup(removed.BackendID); ok {
-		ep.AddSessions(-1)
+	if _, err := p.store.Delete(ctx, rec.ClientSID); err != nil && !errors.Is(err, session.ErrNotFound) {
+		p.log.Warn("session delete failed", "err", err)
 	}
 }
 

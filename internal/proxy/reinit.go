@@ -212,7 +212,6 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		}
 		step("swapped", attribute.Int64("tether.record.version", int64(stored.Version)))
 		if old, ok := p.bal.Lookup(cur.BackendID); ok {
-			old.AddSessions(-1)
 			// The superseded backend session would otherwise live on until
 			// the backend's idle timeout (or for ever): end it. Unless it is
 			// the new one: a backend that restarted with a counter for ids
@@ -221,7 +220,6 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 				p.deleteLater(old, cur.BackendSID, rc)
 			}
 		}
-		ep.AddSessions(1)
 		p.log.Info("session re-initialized",
 			"session", session.HashID(stored.ClientSID),
 			"reason", rc.reason,

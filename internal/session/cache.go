@@ -63,6 +63,7 @@ type Cache struct {
 	degraded   atomic.Bool
 	transition sync.Mutex // orders degraded transitions with their callbacks
 	onDegraded func(bool)
+	onChange   func(Change)
 	// staleBefore: entries loaded before this Unix ns are re-read on use
 	// (set when the invalidation subscription was re-established).
 	staleBefore atomic.Int64
@@ -141,6 +142,12 @@ type CacheOptions struct {
 	// OnDegraded is called on every transition into (true) and out of
 	// (false) degraded mode, e.g. to set a gauge.
 	OnDegraded func(degraded bool)
+	// OnChange, if set, is told of each change this replica makes (see
+	// Change): Created (written to Redis, or kept for it during an outage),
+	// Moved (a won Swap), Deleted (a Delete that returned the record). An
+	// evicted cache entry is no change (the session lives on in Redis);
+	// what other replicas and Redis's own expiry change is not told.
+	OnChange func(Change)
 }
 
 const (
@@ -166,6 +173,7 @@ func NewCache(opts CacheOptions) *Cache {
 		now:             opts.Now,
 		log:             opts.Logger,
 		onDegraded:      opts.OnDegraded,
+		onChange:        opts.OnChange,
 		maxPending:      opts.MaxPending,
 		maxPendingBytes: opts.MaxInitBytes,
 		pending:         map[string]*Record{},
@@ -212,6 +220,9 @@ func NewCache(opts CacheOptions) *Cache {
 	}
 	if c.onDegraded == nil {
 		c.onDegraded = func(bool) {}
+	}
+	if c.onChange == nil {
+		c.onChange = func(Change) {}
 	}
 	c.tab = newTable(size, c.maxPendingBytes,
 		func(e *cacheEntry, now int64) bool { return now-e.lastUsed.Load() >= c.ttl.Nanoseconds() },
@@ -495,7 +506,8 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 		err := c.shared.Create(ctx, stored)
 		switch {
 		case err == nil:
-			c.put(stored, now)
+			e := c.put(stored, now)
+			c.onChange(Change{Kind: Created, New: e.rec})
 			return nil
 		case errors.Is(err, ErrExists), !errors.Is(err, ErrUnavailable):
 			return err
@@ -506,6 +518,7 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 	}
 	e := c.put(stored, now)
 	c.addPending(e.rec)
+	c.onChange(Change{Kind: Created, New: e.rec})
 	return nil
 }
 
@@ -526,6 +539,9 @@ func (c *Cache) Swap(ctx context.Context, old, next *Record) (*Record, error) {
 	switch {
 	case err == nil, errors.Is(err, ErrConflict):
 		e := c.put(cur, now)
+		if err == nil {
+			c.onChange(Change{Kind: Moved, Old: old, New: e.rec})
+		}
 		return e.rec, err
 	case errors.Is(err, ErrNotFound):
 		c.Invalidate(old.ClientSID)
@@ -611,6 +627,14 @@ func withLastUsed(r *Record, t time.Time) *Record {
 // Delete removes the session everywhere it can; while Redis is unreachable
 // the Redis record is left to expire.
 func (c *Cache) Delete(ctx context.Context, clientSID string) (*Record, error) {
+	rec, err := c.delete(ctx, clientSID)
+	if err == nil {
+		c.onChange(Change{Kind: Deleted, Old: rec})
+	}
+	return rec, err
+}
+
+func (c *Cache) delete(ctx context.Context, clientSID string) (*Record, error) {
 	var cached *Record
 	if n := c.tab.peek(clientSID); n != nil {
 		cached = n.val.rec

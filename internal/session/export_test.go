@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"time"
 )
 
 // The external tests (package session_test) reach these unexported parts
@@ -14,8 +13,6 @@ var (
 	ErrBadReply     = errBadReply
 	ErrDeleted      = errDeleted
 )
-
-func (m *Memory) Sweep(now time.Time) int { return m.sweep(now) }
 
 func (r *Redis) Restore(ctx context.Context, rec *Record) error { return r.restore(ctx, rec) }
 

@@ -25,19 +25,19 @@ import (
 // records (idle ones first), and byte-identical initialize bodies are kept
 // once.
 //
-// Who removes what, so that OnExpire runs exactly once per record that ends
-// without a Delete: an idle-expired record is reported as absent by every
-// method (Get, Touch, Swap, Delete), but only the sweeper (sweep), an
+// Who removes what, so that OnChange hears exactly once of each record that
+// ends (Deleted or Expired): an idle-expired record is reported as absent by every
+// method (Get, Touch, Swap, Delete), but only the sweeper (Sweep), an
 // eviction or a Create of the same id removes it, all under the shard's
 // write lock. Delete removes only live records and hands them to its
-// caller. A record leaves the store either through Delete's return value or
-// through OnExpire, never both.
+// caller. A record leaves the store either through Delete (a Deleted
+// change) or as an Expired change, never both.
 type Memory struct {
 	ttl        time.Duration
 	touchEvery time.Duration // Touch refreshes LastUsed at most this often
 	sweepEvery time.Duration
 	now        func() time.Time
-	onExpire   func(*Record)
+	onChange   func(Change)
 	onEvict    func(reason string)
 
 	tab *table[memEntry]
@@ -57,7 +57,7 @@ type MemoryOptions struct {
 	Now func() time.Time
 	// SweepInterval is how often expired records are removed (expired
 	// records are invisible before that anyway; the sweep frees their memory
-	// and fires OnExpire). Default TTL/10, limited to [1s, 1m].
+	// and tells OnChange). Default TTL/10, limited to [1s, 1m].
 	SweepInterval time.Duration
 	// MaxSessions bounds the records held; default DefaultMaxSessions.
 	MaxSessions int
@@ -65,18 +65,18 @@ type MemoryOptions struct {
 	// default DefaultMaxInitBytes. A Create whose body alone is larger fails
 	// with errInitTooLarge.
 	MaxInitBytes int64
-	// OnExpire, if set, is called once for each record that leaves the store
-	// without being returned by Delete: a record removed by the sweeper after
-	// idle expiry, a record evicted to respect a bound, and an expired record
-	// replaced by Create with the same ClientSID. Either way the session is
-	// over, which is what a per-backend live-session counter needs to know.
-	// It is called outside any lock and may use the store, but must not call
-	// Close (Close waits for the sweeper, which may be the caller).
-	OnExpire func(*Record)
+	// OnChange, if set, is told of every change (see Change): Created,
+	// Moved (Swap), Deleted, and Expired for a record that leaves the store
+	// without being returned by Delete (removed by the sweeper after idle
+	// expiry, evicted to respect a bound, or an expired record replaced by
+	// Create with the same ClientSID). It is called outside any lock and
+	// may use the store, but must not call Close (Close waits for the
+	// sweeper, which may be the caller).
+	OnChange func(Change)
 	// OnEvict, if set, is called (outside any lock) for each record evicted
 	// to respect a bound, with the bound's name (EvictMaxSessions,
-	// EvictMaxInitBytes), e.g. to count evictions in a metric. OnExpire is
-	// called for the record too.
+	// EvictMaxInitBytes), e.g. to count evictions in a metric. OnChange
+	// hears of the record's expiry too.
 	OnEvict func(reason string)
 }
 
@@ -130,7 +130,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		touchEvery: ttl / 10,
 		sweepEvery: sweep,
 		now:        now,
-		onExpire:   opts.OnExpire,
+		onChange:   opts.OnChange,
 		onEvict:    opts.OnEvict,
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -152,7 +152,7 @@ func (m *Memory) sweepLoop() {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.sweep(m.now())
+			m.Sweep(m.now())
 		}
 	}
 }
@@ -183,7 +183,7 @@ func (m *Memory) Get(_ context.Context, clientSID string) (*Record, error) {
 	// simply ordered after this Get.
 	r := n.val.rec.Load()
 	if m.expired(r, m.now()) {
-		// Leave the removal to the sweeper, which owns OnExpire.
+		// Leave the removal to the sweeper, which tells OnChange.
 		return nil, ErrNotFound
 	}
 	return r, nil
@@ -195,9 +195,9 @@ func (m *Memory) Reload(ctx context.Context, clientSID string) (*Record, error) 
 }
 
 // Create stores a copy of r (see Store.Create). A live record with the same
-// id is kept and ErrExists returned; an expired one is replaced and handed
-// to OnExpire. Past a bound, the least recently used records are evicted
-// (and handed to OnExpire).
+// id is kept and ErrExists returned; an expired one is replaced (an
+// Expired change). Past a bound, the least recently used records are
+// evicted (Expired changes too).
 func (m *Memory) Create(_ context.Context, r *Record) error {
 	if r.ClientSID == "" {
 		return errEmptyID
@@ -239,21 +239,24 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 		gone = m.tab.evictElsewhere(s, now.UnixNano(), gone)
 	}
 
-	if replaced != nil && m.onExpire != nil {
-		m.onExpire(replaced)
+	if m.onChange != nil {
+		if replaced != nil {
+			m.onChange(Change{Kind: Expired, Old: replaced})
+		}
+		m.onChange(Change{Kind: Created, New: rec})
 	}
 	m.report(gone)
 	return nil
 }
 
-// report tells OnEvict and OnExpire of records taken out by eviction.
+// report tells OnEvict and OnChange of records taken out by eviction.
 func (m *Memory) report(gone []evicted[memEntry]) {
 	for _, e := range gone {
 		if !e.expired && m.onEvict != nil {
 			m.onEvict(e.reason)
 		}
-		if m.onExpire != nil {
-			m.onExpire(e.node.val.rec.Load())
+		if m.onChange != nil {
+			m.onChange(Change{Kind: Expired, Old: e.node.val.rec.Load()})
 		}
 	}
 }
@@ -268,17 +271,30 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 
 	s := m.tab.shard(old.ClientSID)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	cur, rec, err := m.swapLocked(s, old, next, now)
+	s.mu.Unlock()
+	if err == nil && m.onChange != nil {
+		m.onChange(Change{Kind: Moved, Old: cur, New: rec})
+	}
+	if errors.Is(err, ErrConflict) {
+		return cur, err
+	}
+	return rec, err
+}
+
+// swapLocked is Swap under the shard's write lock; it returns the record
+// it found and the one it stored.
+func (m *Memory) swapLocked(s *tableShard[memEntry], old, next *Record, now time.Time) (cur, rec *Record, err error) {
 	n := s.m[old.ClientSID]
 	if n == nil {
-		return nil, ErrNotFound
+		return nil, nil, ErrNotFound
 	}
-	cur := n.val.rec.Load()
+	cur = n.val.rec.Load()
 	if m.expired(cur, now) {
-		return nil, ErrNotFound
+		return nil, nil, ErrNotFound
 	}
 	if cur.Version != old.Version {
-		return cur, ErrConflict
+		return cur, nil, ErrConflict
 	}
 	// Copied against the stored record: next normally shares its strings
 	// and Init with it, and those are reused rather than copied again.
@@ -287,7 +303,7 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 		init = m.tab.bodies.acquire(next.Init)
 		m.tab.bodies.release(cur.Init)
 	}
-	rec := own(next, cur, init)
+	rec = own(next, cur, init)
 	rec.Principal = cur.Principal
 	rec.Version = cur.Version + 1
 	// A swap is a use of the session (it happens on a request); never move
@@ -298,7 +314,7 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	}
 	n.val.rec.Store(rec)
 	n.used.Store(true)
-	return rec, nil
+	return cur, rec, nil
 }
 
 // Touch refreshes clientSID's idle clock as of now (see Store.Touch). It
@@ -338,28 +354,40 @@ func (m *Memory) Touch(_ context.Context, clientSID string, now time.Time) error
 
 // Delete removes a live record and returns it (see Store.Delete). An
 // expired record is not removed here: it belongs to the sweeper, which
-// reports it through OnExpire.
+// tells of it as Expired.
 func (m *Memory) Delete(_ context.Context, clientSID string) (*Record, error) {
 	now := m.now()
 	s := m.tab.shard(clientSID)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := s.m[clientSID]
-	if n == nil {
+	r := m.deleteLocked(s, clientSID, now)
+	s.mu.Unlock()
+	if r == nil {
 		return nil, ErrNotFound
 	}
-	r := n.val.rec.Load()
-	if m.expired(r, now) {
-		return nil, ErrNotFound
+	if m.onChange != nil {
+		m.onChange(Change{Kind: Deleted, Old: r})
 	}
-	m.tab.removeLocked(s, n)
 	return r, nil
 }
 
-// sweep removes the records expired at now, calls OnExpire for each (outside
+// deleteLocked removes the live record of clientSID and returns it, or nil.
+func (m *Memory) deleteLocked(s *tableShard[memEntry], clientSID string, now time.Time) *Record {
+	n := s.m[clientSID]
+	if n == nil {
+		return nil
+	}
+	r := n.val.rec.Load()
+	if m.expired(r, now) {
+		return nil
+	}
+	m.tab.removeLocked(s, n)
+	return r
+}
+
+// Sweep removes the records expired at now, tells OnChange of each (outside
 // the locks) and returns how many it removed. The sweeper calls it
 // periodically; tests call it with a fake clock.
-func (m *Memory) sweep(now time.Time) int {
+func (m *Memory) Sweep(now time.Time) int {
 	n := 0
 	var gone []*Record
 	for i := range m.tab.shards {
@@ -378,9 +406,9 @@ func (m *Memory) sweep(now time.Time) int {
 		}
 		s.mu.Unlock()
 		n += len(gone)
-		if m.onExpire != nil {
+		if m.onChange != nil {
 			for _, r := range gone {
-				m.onExpire(r)
+				m.onChange(Change{Kind: Expired, Old: r})
 			}
 		}
 		clear(gone) // drop the references before reusing the slice

@@ -29,7 +29,7 @@ func newBoundedMemory(t *testing.T, clock *fakeClock, maxSessions int, maxBytes 
 	b.Memory = session.NewMemory(session.MemoryOptions{
 		TTL: ttl, Now: clock.Now, SweepInterval: 24 * time.Hour,
 		MaxSessions: maxSessions, MaxInitBytes: maxBytes,
-		OnExpire: b.expired.add,
+		OnChange: onExpired(b.expired.add),
 		OnEvict: func(reason string) {
 			b.mu.Lock()
 			b.evicted[reason]++
@@ -198,7 +198,7 @@ func TestMemoryBoundsHoldUnderConcurrentCreates(t *testing.T) {
 	m := session.NewMemory(session.MemoryOptions{
 		TTL: ttl, Now: clock.Now, SweepInterval: 24 * time.Hour,
 		MaxSessions: maxRecs, MaxInitBytes: maxBytes,
-		OnExpire: func(*session.Record) { expired.Add(1) },
+		OnChange: onExpired(func(*session.Record) { expired.Add(1) }),
 	})
 	t.Cleanup(func() { m.Close() })
 	ctx := t.Context()

@@ -24,7 +24,7 @@ func newMemory(t testing.TB, clock *fakeClock, onExpire func(*session.Record)) *
 		TTL:           ttl,
 		Now:           clock.Now,
 		SweepInterval: 24 * time.Hour,
-		OnExpire:      onExpire,
+		OnChange:      onExpired(onExpire),
 	})
 	t.Cleanup(func() { m.Close() })
 	return m
@@ -344,7 +344,7 @@ func TestMemorySweeper(t *testing.T) {
 		TTL:           ttl,
 		Now:           clock.Now,
 		SweepInterval: time.Millisecond,
-		OnExpire:      func(r *session.Record) { expired <- r.ClientSID },
+		OnChange:      onExpired(func(r *session.Record) { expired <- r.ClientSID }),
 	})
 	defer m.Close()
 	if err := m.Create(t.Context(), rec("a")); err != nil {
@@ -561,5 +561,18 @@ func TestMemoryGetTouchDoNotAllocate(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Errorf("Touch within TTL/10: %v allocs/op, want 0", n)
+	}
+}
+
+// onExpired is an OnChange subscriber that hands each Expired record to f
+// (nil: none).
+func onExpired(f func(*session.Record)) func(session.Change) {
+	if f == nil {
+		return nil
+	}
+	return func(c session.Change) {
+		if c.Kind == session.Expired {
+			f(c.Old)
+		}
 	}
 }

@@ -1,0 +1,212 @@
+package server
+
+// The admin listener: probes, /metrics, and the debug endpoints which
+// `tether explain` and `tether status` read. They answer from this replica's view: its balancer,
+// its decision log, and the session store (shared with the fleet when it is
+// Redis). The admin listener is bound to loopback by default, so a session
+// is looked up by its raw id, the one the operator typed.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/telemetry"
+)
+
+// adminLookupTimeout bounds a debug request's session store read.
+const adminLookupTimeout = 2 * time.Second
+
+// EndpointView is one backend as the debug endpoints show it.
+type EndpointView struct {
+	ID       string `json:"id"`
+	URL      string `json:"url"`
+	State    string `json:"state"` // ready, fenced, ejected; gone when no longer an endpoint
+	Sessions int64  `json:"sessions"`
+	Inflight int64  `json:"inflight"`
+}
+
+// StoreView is the session store's state.
+type StoreView struct {
+	Kind     string `json:"kind"` // memory or redis
+	Degraded bool   `json:"degraded"`
+	// Pending records were created while Redis was unreachable and wait to
+	// be written; Unwritten ones could not even be kept.
+	Pending   int   `json:"pending"`
+	Unwritten int64 `json:"unwritten"`
+}
+
+// EndpointsView is GET /debug/endpoints.
+type EndpointsView struct {
+	Balancer  string         `json:"balancer"`
+	Ready     bool           `json:"ready"`
+	Store     StoreView      `json:"store"`
+	Endpoints []EndpointView `json:"endpoints"`
+}
+
+// RecordView is a session record without its secrets: the initialize body
+// is shown by size only, the backend's session id by digest only.
+type RecordView struct {
+	ID                   string    `json:"id"`
+	IDHash               string    `json:"id_hash"` // as in traces and logs (mcp.session.id)
+	BackendID            string    `json:"backend_id"`
+	BackendURL           string    `json:"backend_url"`
+	BackendSessionIDHash string    `json:"backend_session_id_hash"`
+	InitializeBytes      int       `json:"initialize_bytes"`
+	ProtocolVersion      string    `json:"protocol_version,omitempty"`
+	Created              time.Time `json:"created"`
+	LastUsed             time.Time `json:"last_used"`
+	Reinits              uint32    `json:"reinits"`
+	Version              uint64    `json:"version"`
+}
+
+// SessionView is GET /debug/sessions/{id}.
+type SessionView struct {
+	Session RecordView   `json:"session"`
+	Backend EndpointView `json:"backend"`
+	// History is what this replica decided for the session; nil when it has
+	// routed none of its requests (another replica placed it, or this one
+	// restarted since).
+	History *proxy.SessionHistory `json:"history"`
+	// Now is the replica's clock, so that "ago" is computed on one clock.
+	Now time.Time `json:"now"`
+}
+
+// AdminError is the body of a debug endpoint's error answer.
+type AdminError struct {
+	Error string `json:"error"`
+}
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", s.metrics.Handler())
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	// For `tether explain` and `tether status`.
+	// The admin listener may be reachable from the pod network (kubelet
+	// probes cannot reach loopback); /debug stays local: kubectl exec and
+	// port-forward arrive on loopback.
+	mux.Handle("GET /debug/sessions/{id}", loopbackOnly(http.HandlerFunc(s.debugSession)))
+	mux.Handle("GET /debug/endpoints", loopbackOnly(http.HandlerFunc(s.debugEndpoints)))
+	return mux
+}
+
+// loopbackOnly refuses requests that do not come from a loopback address.
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			http.Error(w, "/debug is served to loopback clients only", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// debugSession serves GET /debug/sessions/{id}.
+func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
+	sid := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), adminLookupTimeout)
+	defer cancel()
+	rec, err := s.store.Get(ctx, sid)
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		writeAdminJSON(w, http.StatusNotFound, AdminError{"session not found"})
+		return
+	case err != nil:
+		writeAdminJSON(w, http.StatusServiceUnavailable, AdminError{"session store: " + err.Error()})
+		return
+	}
+	v := SessionView{
+		Session: RecordView{
+			ID:                   rec.ClientSID,
+			IDHash:               session.HashID(rec.ClientSID),
+			BackendID:            rec.BackendID,
+			BackendURL:           rec.BackendURL,
+			BackendSessionIDHash: session.HashID(rec.BackendSID),
+			InitializeBytes:      len(rec.Init),
+			ProtocolVersion:      protocolVersion(rec),
+			Created:              rec.Created,
+			LastUsed:             rec.LastUsed,
+			Reinits:              rec.Reinits,
+			Version:              rec.Version,
+		},
+		Backend: EndpointView{ID: rec.BackendID, URL: rec.BackendURL, State: "gone"},
+		Now:     time.Now(),
+	}
+	for _, e := range s.Stats() {
+		if e.ID == rec.BackendID {
+			v.Backend = EndpointView(e)
+			break
+		}
+	}
+	if h, ok := s.proxy.History(sid); ok {
+		v.History = &h
+	}
+	writeAdminJSON(w, http.StatusOK, v)
+}
+
+// protocolVersion is the MCP version the session's client asked for: the
+// header of its initialize request, else the initialize's
+// params.protocolVersion. Only that field of the body is read.
+func protocolVersion(rec *session.Record) string {
+	if rec.ProtocolVersion != "" {
+		return rec.ProtocolVersion
+	}
+	var init struct {
+		Params struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(rec.Init, &init) != nil {
+		return ""
+	}
+	return init.Params.ProtocolVersion
+}
+
+// debugEndpoints serves GET /debug/endpoints.
+func (s *Server) debugEndpoints(w http.ResponseWriter, r *http.Request) {
+	stats := s.Stats()
+	v := EndpointsView{
+		Balancer:  s.cfg.Balancer,
+		Ready:     s.ready.Load(),
+		Store:     StoreView{Kind: s.storeName()},
+		Endpoints: make([]EndpointView, len(stats)),
+	}
+	for i, e := range stats {
+		v.Endpoints[i] = EndpointView(e)
+	}
+	if c, ok := s.store.(*session.Cache); ok {
+		st := c.Stats()
+		v.Store.Degraded, v.Store.Pending, v.Store.Unwritten = st.Degraded, st.Pending, st.Unwritten
+	}
+	writeAdminJSON(w, http.StatusOK, v)
+}
+
+// The debug endpoints show the metrics' view of each endpoint, so that one
+// place (EndpointStats) decides what "ejected" means; this conversion stops
+// the build if the two types drift apart.
+var _ = EndpointView(telemetry.EndpointStat{})
+
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
