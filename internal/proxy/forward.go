@@ -402,7 +402,6 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 		if err != nil {
 			return outcome{err: &storeWriteError{err}}
 		}
-		ep.AddSessions(1)
 		x.newSID = sid
 	case x.rec != nil:
 		if resp.Header.Get(headerSessionID) != "" && x.backendSID != x.rec.ClientSID {
