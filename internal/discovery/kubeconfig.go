@@ -1,15 +1,22 @@
 package discovery
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
-	"k8s.io/client-go/kubernetes"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// KubeClient builds a clientset for the Kubernetes source. The
+// KubeClient builds the EndpointSlice client of the Kubernetes source. The
 // configuration comes from, in order:
 //
 //  1. kubeconfig, when set (--kubeconfig): that file and nothing else;
@@ -19,17 +26,59 @@ import (
 //     in $KUBECONFIG, else ~/.kube/config, with their current context.
 //
 // userAgent identifies tether in the API server's logs and audit.
-func KubeClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
+//
+// The client knows the discovery/v1 types and nothing else. client-go's
+// typed clients (the full clientset, and even the discovery/v1 one alone)
+// decode through k8s.io/client-go/kubernetes/scheme, which registers every
+// API group at init: linking it cost the sidecar ~25 MB of binary, ~30 MB
+// of RSS and 20 ms of start-up, static mode included.
+func KubeClient(kubeconfig, userAgent string) (EndpointSliceClient, error) {
 	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	cfg.UserAgent = userAgent
-	client, err := kubernetes.NewForConfig(cfg)
+	scheme := runtime.NewScheme()
+	// As kubernetes/scheme does: the unversioned meta types (Status, the
+	// list and watch options) under v1, then the group's own types.
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	gv := discoveryv1.SchemeGroupVersion
+	cfg.GroupVersion = &gv
+	cfg.APIPath = "/apis"
+	cfg.NegotiatedSerializer = rest.CodecFactoryForGeneratedClient(scheme, serializer.NewCodecFactory(scheme)).WithoutConversion()
+	client, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return client, nil
+	return &sliceClient{rest: client, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// sliceClient is the EndpointSlice client KubeClient returns: the requests
+// of client-go's generated discovery/v1 client (gentype, protobuf
+// preferred), on a scheme of the discovery/v1 types alone.
+type sliceClient struct {
+	rest   rest.Interface
+	params runtime.ParameterCodec
+}
+
+func (c *sliceClient) in(namespace string) *gentype.ClientWithList[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList] {
+	return gentype.NewClientWithList[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList](
+		"endpointslices", c.rest, c.params, namespace,
+		func() *discoveryv1.EndpointSlice { return &discoveryv1.EndpointSlice{} },
+		func() *discoveryv1.EndpointSliceList { return &discoveryv1.EndpointSliceList{} },
+		gentype.PrefersProtobuf[*discoveryv1.EndpointSlice](),
+	)
+}
+
+func (c *sliceClient) ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	return c.in(namespace).List(ctx, opts)
+}
+
+func (c *sliceClient) WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	return c.in(namespace).Watch(ctx, opts)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
