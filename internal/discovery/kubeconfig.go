@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -56,29 +56,37 @@ func KubeClient(kubeconfig, userAgent string) (EndpointSliceClient, error) {
 	return &sliceClient{rest: client, params: runtime.NewParameterCodec(scheme)}, nil
 }
 
-// sliceClient is the EndpointSlice client KubeClient returns: the requests
-// of client-go's generated discovery/v1 client (gentype, protobuf
-// preferred), on a scheme of the discovery/v1 types alone.
+// sliceClient is the EndpointSlice client KubeClient returns. Its requests
+// are those of client-go's generated discovery/v1 client (gentype, which is
+// not used because it links client-go's fakes): protobuf preferred, the
+// list options as query parameters, their timeout as the request's.
 type sliceClient struct {
 	rest   rest.Interface
 	params runtime.ParameterCodec
 }
 
-func (c *sliceClient) in(namespace string) *gentype.ClientWithList[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList] {
-	return gentype.NewClientWithList[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList](
-		"endpointslices", c.rest, c.params, namespace,
-		func() *discoveryv1.EndpointSlice { return &discoveryv1.EndpointSlice{} },
-		func() *discoveryv1.EndpointSliceList { return &discoveryv1.EndpointSliceList{} },
-		gentype.PrefersProtobuf[*discoveryv1.EndpointSlice](),
-	)
-}
-
 func (c *sliceClient) ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
-	return c.in(namespace).List(ctx, opts)
+	list := &discoveryv1.EndpointSliceList{}
+	err := c.request(namespace, &opts).Do(ctx).Into(list)
+	return list, err
 }
 
 func (c *sliceClient) WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
-	return c.in(namespace).Watch(ctx, opts)
+	opts.Watch = true
+	return c.request(namespace, &opts).Watch(ctx)
+}
+
+func (c *sliceClient) request(namespace string, opts *metav1.ListOptions) *rest.Request {
+	var timeout time.Duration
+	if opts.TimeoutSeconds != nil {
+		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	return c.rest.Get().
+		UseProtobufAsDefaultIfPreferred(true).
+		Namespace(namespace).
+		Resource("endpointslices").
+		VersionedParams(opts, c.params).
+		Timeout(timeout)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
