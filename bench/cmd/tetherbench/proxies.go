@@ -39,10 +39,12 @@ func ensureTools(log func(string, ...any), bins ...string) error {
 	return nil
 }
 
-// buildTether builds ./cmd/tether as `make build` does, into dir.
+// buildTether builds ./cmd/tether as the sidecar image has it (the
+// Dockerfile's build-sidecar stage; `make build`'s bin/tether-sidecar), into
+// dir.
 func buildTether(dir string) (string, error) {
 	out := filepath.Join(dir, "tether")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/tether")
+	cmd := exec.Command("go", "build", "-tags", "tether_sidecar", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/tether")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/tether: %v: %s", err, b)
