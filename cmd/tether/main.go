@@ -114,6 +114,7 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
+	setMemoryLimit(log, getenv, "/")
 	source, err := newSource(cfg, log)
 	if err != nil {
 		return err
