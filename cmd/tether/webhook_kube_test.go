@@ -171,11 +171,11 @@ func loadWebhookConfiguration(t *testing.T) *admissionregistrationv1.MutatingWeb
 	return &mwc
 }
 
-// dryRunGoldens creates every object of inject/testdata/*.golden.yaml with
+// dryRunGoldens creates every object of internal/inject/testdata/*.golden.yaml with
 // dryRun=All in namespace "proxies" (or its own).
 func dryRunGoldens(ctx context.Context, t *testing.T, c kubernetes.Interface) {
 	t.Helper()
-	files, err := filepath.Glob("../../inject/testdata/*.golden.yaml")
+	files, err := filepath.Glob("../../internal/inject/testdata/*.golden.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden files (%v)", err)
 	}
