@@ -24,6 +24,7 @@ kube-env:
 check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags tether_sidecar ./cmd/tether/
 	cd bench && $(GO) vet ./...
 	$(GO) mod tidy -diff
 	cd bench && $(GO) mod tidy -diff
@@ -54,11 +55,17 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./internal/proxy/
 
+# bin/tether has every command; bin/tether-sidecar is the image's binary
+# (serve, explain, status and version only).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether
+	CGO_ENABLED=0 $(GO) build -tags tether_sidecar -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether-sidecar ./cmd/tether
 
-# The container image (needs a Docker engine; the Dockerfile's build is
-# tested without one by cmd/tether/dockerfile_test.go).
+# The container images (need a Docker engine; the Dockerfile's builds are
+# tested without one by cmd/tether/dockerfile_test.go): the sidecar's
+# (-tags tether_sidecar) and the webhook's (the full binary).
 IMAGE ?= ghcr.io/tether-mcp/tether:dev
+WEBHOOK_IMAGE ?= ghcr.io/tether-mcp/tether-webhook:dev
 image:
 	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) -t $(IMAGE) .
+	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) --target webhook -t $(WEBHOOK_IMAGE) .

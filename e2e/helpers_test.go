@@ -22,12 +22,13 @@ import (
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
-// buildTether compiles ./cmd/tether (with -race when this test runs with
-// it) into a temporary directory.
+// buildTether compiles ./cmd/tether as the sidecar image has it (-tags
+// tether_sidecar; with -race when this test runs with it) into a temporary
+// directory.
 func buildTether(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "tether")
-	args := []string{"build", "-o", bin}
+	args := []string{"build", "-tags", "tether_sidecar", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
 	}

@@ -1,3 +1,5 @@
+//go:build !tether_sidecar
+
 package main
 
 // tether demo: one command, nothing else to install or start. It runs MCP

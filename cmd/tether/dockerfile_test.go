@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"debug/elf"
 	"os"
 	"os/exec"
@@ -12,12 +13,14 @@ import (
 	"testing"
 )
 
-// The image cannot be built here (no container engine), so this test builds
-// what the Dockerfile's build stage builds, with the flags read from the
-// Dockerfile itself, and checks that the binary is static (distroless
-// static has no C library) and runs. It also checks the final stage: the
-// distroless static base, a non-root user and an exec-form entrypoint (the
-// image has no shell).
+// The images cannot be built here (no container engine), so this test
+// builds what the Dockerfile's build stages build, with the flags read from
+// the Dockerfile itself, and checks that each binary is static (distroless
+// static has no C library) and runs. The default (last) image is the
+// sidecar's: its binary is the tether_sidecar build, without the inject,
+// webhook and demo commands. The webhook image (--target webhook) has the
+// full binary. It also checks the final stages: the distroless static base,
+// a non-root user and an exec-form entrypoint (the image has no shell).
 func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds tether (-short)")
@@ -37,85 +40,156 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	if m == nil {
 		t.Fatal("no go directive in go.mod")
 	}
-	if len(df.froms) < 2 {
-		t.Fatalf("want a multi-stage Dockerfile, got FROM lines %q", df.froms)
+	if len(df.stages) < 2 {
+		t.Fatalf("want a multi-stage Dockerfile, got stages %+v", df.stages)
 	}
-	if build := expand(df.froms[0], df.args); !strings.Contains(build, "golang:"+string(m[1])) {
+	if build := expand(df.stages[0].from, df.args); !strings.Contains(build, "golang:"+string(m[1])) {
 		t.Errorf("build stage %q: want golang:%s (go.mod)", build, m[1])
 	}
-	if final := df.froms[len(df.froms)-1]; final != "gcr.io/distroless/static-debian12:nonroot" {
-		t.Errorf("final stage FROM %q, want gcr.io/distroless/static-debian12:nonroot", final)
+	images := []struct {
+		name    string
+		stage   *stage
+		sidecar bool
+	}{
+		{"sidecar", &df.stages[len(df.stages)-1], true},
+		{"webhook", df.stage("webhook"), false},
 	}
-	if u := df.user; u == "" || u == "0" || strings.HasPrefix(u, "root") || strings.HasPrefix(u, "0:") {
-		t.Errorf("USER %q: want a non-root user", u)
-	}
-	if !strings.HasPrefix(df.entrypoint, "[") {
-		t.Errorf("ENTRYPOINT %s: want the exec form (the image has no shell)", df.entrypoint)
-	}
-
-	// The build command, as the Dockerfile runs it.
-	const testVersion = "v0.0.0-dockerfile-test"
-	vars := map[string]string{"VERSION": testVersion, "TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH}
-	env, args := splitBuildCommand(t, expand(df.build, vars))
-	if env["CGO_ENABLED"] != "0" {
-		t.Errorf("build sets CGO_ENABLED=%q, want 0", env["CGO_ENABLED"])
-	}
-	if !slices.Contains(args, "-trimpath") {
-		t.Errorf("build args %q: want -trimpath", args)
-	}
-	if i := slices.Index(args, "-ldflags"); i < 0 || !strings.Contains(args[i+1], "-X main.version="+testVersion) {
-		t.Errorf("build args %q: want -ldflags with -X main.version=${VERSION}", args)
-	}
-	out := filepath.Join(t.TempDir(), "tether")
-	i := slices.Index(args, "-o")
-	if i < 0 {
-		t.Fatalf("build args %q: no -o", args)
-	}
-	args[i+1] = out
-
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command")
 	}
 	// Build in a copy of the build context (.dockerignore applied), so a
 	// file the build needs cannot be left out of the image's context.
-	cmd := exec.Command(goCmd, args...)
-	cmd.Dir = buildContext(t, "../..")
-	cmd.Env = os.Environ()
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
-	}
+	context := buildContext(t, "../..")
+	for _, img := range images {
+		t.Run(img.name, func(t *testing.T) {
+			final := img.stage
+			if final == nil {
+				t.Fatal("no such stage")
+			}
+			if final.from != "gcr.io/distroless/static-debian12:nonroot" {
+				t.Errorf("final stage FROM %q, want gcr.io/distroless/static-debian12:nonroot", final.from)
+			}
+			if u := final.user; u == "" || u == "0" || strings.HasPrefix(u, "root") || strings.HasPrefix(u, "0:") {
+				t.Errorf("USER %q: want a non-root user", u)
+			}
+			if !strings.HasPrefix(final.entrypoint, "[") {
+				t.Errorf("ENTRYPOINT %s: want the exec form (the image has no shell)", final.entrypoint)
+			}
+			build := df.stage(final.copyFrom)
+			if build == nil || build.build == "" {
+				t.Fatalf("the image copies from stage %q, which runs no go build", final.copyFrom)
+			}
 
-	f, err := elf.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Error("the binary has a program interpreter (PT_INTERP): it is dynamically linked")
-		}
-	}
-	if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
-		t.Errorf("the binary needs shared libraries (DT_NEEDED) %q (err %v)", libs, err)
-	}
+			// The build command, as the Dockerfile runs it.
+			const testVersion = "v0.0.0-dockerfile-test"
+			vars := map[string]string{"VERSION": testVersion, "TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH}
+			env, args := splitBuildCommand(t, expand(build.build, vars))
+			if env["CGO_ENABLED"] != "0" {
+				t.Errorf("build sets CGO_ENABLED=%q, want 0", env["CGO_ENABLED"])
+			}
+			if !slices.Contains(args, "-trimpath") {
+				t.Errorf("build args %q: want -trimpath", args)
+			}
+			if i := slices.Index(args, "-ldflags"); i < 0 || !strings.Contains(args[i+1], "-X main.version="+testVersion) {
+				t.Errorf("build args %q: want -ldflags with -X main.version=${VERSION}", args)
+			}
+			if i := slices.Index(args, "-tags"); (i >= 0 && args[i+1] == "tether_sidecar") != img.sidecar {
+				t.Errorf("build args %q: want -tags tether_sidecar in the sidecar's build only", args)
+			}
+			out := filepath.Join(t.TempDir(), "tether")
+			i := slices.Index(args, "-o")
+			if i < 0 {
+				t.Fatalf("build args %q: no -o", args)
+			}
+			args[i+1] = out
 
-	got, err := exec.Command(out, "version").CombinedOutput()
-	if err != nil || strings.TrimSpace(string(got)) != "tether "+testVersion {
-		t.Errorf("tether version: %q (err %v), want %q", got, err, "tether "+testVersion)
+			cmd := exec.Command(goCmd, args...)
+			cmd.Dir = context
+			cmd.Env = os.Environ()
+			for k, v := range env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+			}
+
+			f, err := elf.Open(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_INTERP {
+					t.Error("the binary has a program interpreter (PT_INTERP): it is dynamically linked")
+				}
+			}
+			if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+				t.Errorf("the binary needs shared libraries (DT_NEEDED) %q (err %v)", libs, err)
+			}
+
+			got, err := exec.Command(out, "version").CombinedOutput()
+			if err != nil || strings.TrimSpace(string(got)) != "tether "+testVersion {
+				t.Errorf("tether version: %q (err %v), want %q", got, err, "tether "+testVersion)
+			}
+
+			// The function table names every package with code in the
+			// binary (-s -w strip the symbol table, not it).
+			bin, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			linked := func(pkg string) bool { return bytes.Contains(bin, []byte(pkg+".")) }
+			if !linked("github.com/tether-mcp/tether/internal/proxy") {
+				t.Error("the binary has no function of internal/proxy: the check below cannot see packages")
+			}
+			// inject, webhook and demo are the full build's; no build has
+			// client-go's clientset or its scheme of every API group
+			// (discovery has a client of its own).
+			for _, pkg := range []string{"github.com/tether-mcp/tether/internal/inject", "k8s.io/api/admission/v1", "github.com/modelcontextprotocol/go-sdk/mcp"} {
+				if linked(pkg) == img.sidecar {
+					t.Errorf("%s linked: %v, want %v", pkg, linked(pkg), !img.sidecar)
+				}
+			}
+			for _, pkg := range []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/kubernetes/scheme", "k8s.io/api/apps/v1"} {
+				if linked(pkg) {
+					t.Errorf("%s linked, want it in no build", pkg)
+				}
+			}
+			webhook, err := exec.Command(out, "webhook", "-h").CombinedOutput()
+			if img.sidecar && (err == nil || !strings.Contains(string(webhook), "not in this build")) {
+				t.Errorf("tether webhook -h in the sidecar image: %q (err %v), want it to say the command is not in this build", webhook, err)
+			}
+			if !img.sidecar && (err != nil || !strings.Contains(string(webhook), "usage: tether webhook")) {
+				t.Errorf("tether webhook -h in the webhook image: %q (err %v), want its usage", webhook, err)
+			}
+		})
 	}
 }
 
 // dockerfile is what the test reads from the Dockerfile.
 type dockerfile struct {
-	args       map[string]string // ARG defaults
-	froms      []string          // images of the FROM lines (flags and AS dropped)
-	user       string            // the last USER
-	entrypoint string            // the last ENTRYPOINT
-	build      string            // the RUN command that runs go build (mount flags dropped)
+	args   map[string]string // ARG defaults
+	stages []stage
+}
+
+// stage is one FROM and what the test reads of it.
+type stage struct {
+	name       string // AS NAME
+	from       string // its image or stage (flags dropped)
+	copyFrom   string // the stage of its last COPY --from
+	user       string // the last USER
+	entrypoint string // the last ENTRYPOINT
+	build      string // the RUN command that runs go build (mount flags dropped)
+}
+
+func (df dockerfile) stage(name string) *stage {
+	for i := range df.stages {
+		if df.stages[i].name == name {
+			return &df.stages[i]
+		}
+	}
+	return nil
 }
 
 func parseDockerfile(src string) dockerfile {
@@ -134,6 +208,13 @@ func parseDockerfile(src string) dockerfile {
 		lines = append(lines, strings.TrimSpace(cur+l))
 		cur = ""
 	}
+	st := &stage{} // instructions before the first FROM (ARG only)
+	dropFlags := func(fields []string) []string {
+		for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
+			fields = fields[1:]
+		}
+		return fields
+	}
 	for _, l := range lines {
 		instr, rest, _ := strings.Cut(l, " ")
 		rest = strings.TrimSpace(rest)
@@ -143,24 +224,28 @@ func parseDockerfile(src string) dockerfile {
 				df.args[k] = v
 			}
 		case "FROM":
-			fields := strings.Fields(rest)
-			for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
-				fields = fields[1:]
-			}
+			fields := dropFlags(strings.Fields(rest))
+			df.stages = append(df.stages, stage{})
+			st = &df.stages[len(df.stages)-1]
 			if len(fields) > 0 {
-				df.froms = append(df.froms, fields[0])
+				st.from = fields[0]
+			}
+			if len(fields) == 3 && strings.EqualFold(fields[1], "AS") {
+				st.name = fields[2]
+			}
+		case "COPY":
+			for _, f := range strings.Fields(rest) {
+				if from, ok := strings.CutPrefix(f, "--from="); ok {
+					st.copyFrom = from
+				}
 			}
 		case "USER":
-			df.user = rest
+			st.user = rest
 		case "ENTRYPOINT":
-			df.entrypoint = rest
+			st.entrypoint = rest
 		case "RUN":
-			fields := strings.Fields(rest)
-			for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
-				fields = fields[1:]
-			}
-			if cmd := strings.Join(fields, " "); strings.Contains(cmd, "go build") {
-				df.build = cmd
+			if cmd := strings.Join(dropFlags(strings.Fields(rest)), " "); strings.Contains(cmd, "go build") {
+				st.build = cmd
 			}
 		}
 	}

@@ -7,6 +7,11 @@
 //	tether inject [FILE]...  add the tether sidecar to Kubernetes workloads (YAML in, YAML out)
 //	tether webhook           mutating admission webhook that injects the sidecar into annotated Pods
 //	tether version           print the version
+//
+// Built with -tags tether_sidecar (the image's binary), it has serve, explain,
+// status and version only: demo, inject and webhook, and what they link (the
+// admission and workload types, YAML, the MCP SDK), are left out of the
+// process that sits on every request.
 package main
 
 import (
@@ -17,7 +22,22 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
+)
+
+// command is a subcommand of the full build only.
+type command struct {
+	usage string // its lines in `tether help`
+	run   func(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error
+}
+
+// fullCommands are registered by commands_full.go, which the tether_sidecar
+// build tag leaves out; fullOnly names them all, in the order of `tether
+// help`, so that the sidecar build can say what it lacks.
+var (
+	fullCommands = map[string]command{}
+	fullOnly     = []string{"demo", "inject", "webhook"}
 )
 
 // version is stamped at build time: -ldflags "-X main.version=v1.2.3".
@@ -40,22 +60,24 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	switch cmd {
 	case "serve":
 		err = serveCommand(ctx, args, getenv, stderr)
-	case "demo":
-		err = demoCommand(ctx, args, stdout, stderr)
 	case "explain":
 		err = explainCommand(ctx, args, getenv, stdout, stderr)
 	case "status":
 		err = statusCommand(ctx, args, getenv, stdout, stderr)
-	case "inject":
-		err = injectCommand(args, getenv, os.Stdin, stdout, stderr)
-	case "webhook":
-		err = webhookCommand(ctx, args, getenv, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tether", version)
 	case "help":
 		usage(stdout)
 	default:
-		err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, inject, webhook, version or help)", cmd)
+		c, ok := fullCommands[cmd]
+		switch {
+		case ok:
+			err = c.run(ctx, args, getenv, os.Stdin, stdout, stderr)
+		case slices.Contains(fullOnly, cmd):
+			err = fmt.Errorf("%s is not in this build of tether (the sidecar build, -tags tether_sidecar, has serve, explain, status and version; the full build has every command)", cmd)
+		default:
+			err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, inject, webhook, version or help)", cmd)
+		}
 	}
 	switch {
 	case err == nil:
@@ -73,15 +95,16 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `tether: a session-aware sidecar load balancer for MCP servers
 
   tether [serve] [flags]   route MCP traffic (tether serve -h lists the flags)
-  tether demo              run a self-contained demonstration
-  tether explain SESSION_ID [--admin URL]
+`)
+	fmt.Fprint(w, fullCommands["demo"].usage)
+	fmt.Fprint(w, `  tether explain SESSION_ID [--admin URL]
                            where a session lives, its record and backend, how it was placed
   tether status [--admin URL]
                            endpoints with state, live sessions and in-flight requests
-  tether inject [flags] [FILE|-]...
-                           add the tether sidecar to Kubernetes workloads (YAML to stdout)
-  tether webhook [flags]   admission webhook: the sidecar for Pods annotated tether.dev/inject: "true"
-  tether version           print the version
+`)
+	fmt.Fprint(w, fullCommands["inject"].usage)
+	fmt.Fprint(w, fullCommands["webhook"].usage)
+	fmt.Fprint(w, `  tether version           print the version
 `)
 }
 
@@ -90,7 +113,9 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	s, err := newServer(cfg, newLogger(stderr, cfg.LogFormat, cfg.LogLevel))
+	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
+	setMemoryLimit(log, getenv, "/")
+	s, err := newServer(cfg, log)
 	if err != nil {
 		return err
 	}

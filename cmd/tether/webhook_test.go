@@ -1,3 +1,5 @@
+//go:build !tether_sidecar
+
 package main
 
 import (

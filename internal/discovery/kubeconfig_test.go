@@ -1,10 +1,16 @@
 package discovery
 
 import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func writeKubeconfig(t *testing.T, server string) string {
@@ -82,12 +88,39 @@ func TestRESTConfigOrder(t *testing.T) {
 	})
 }
 
-func TestKubeClientUserAgent(t *testing.T) {
-	c, err := KubeClient(writeKubeconfig(t, "https://127.0.0.1:1"), "tether/test")
+// The client asks for the namespace's EndpointSlices the way client-go's
+// generated client does: its path, the list options as query parameters,
+// protobuf preferred, tether's user agent; and it
+// decodes the answer with its discovery/v1-only scheme.
+func TestKubeClientRequests(t *testing.T) {
+	type seen struct{ path, query, accept, agent string }
+	reqs := make(chan seen, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqs <- seen{r.URL.Path, r.URL.RawQuery, r.Header.Get("Accept"), r.Header.Get("User-Agent")}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"42"},`+
+			`"items":[{"metadata":{"name":"everything-abc","namespace":"mcp"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.7"]}]}]}`)
+	}))
+	defer srv.Close()
+	c, err := KubeClient(writeKubeconfig(t, srv.URL), "tether/test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c == nil {
-		t.Fatal("nil client")
+	list, err := c.ListEndpointSlices(context.Background(), "mcp", metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=everything"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.ResourceVersion != "42" || len(list.Items) != 1 || list.Items[0].Name != "everything-abc" || list.Items[0].Endpoints[0].Addresses[0] != "10.0.0.7" {
+		t.Errorf("decoded %+v", list)
+	}
+	got := <-reqs
+	want := seen{
+		path:   "/apis/discovery.k8s.io/v1/namespaces/mcp/endpointslices",
+		query:  "labelSelector=kubernetes.io%2Fservice-name%3Deverything",
+		accept: "application/vnd.kubernetes.protobuf,application/json",
+		agent:  "tether/test",
+	}
+	if got != want {
+		t.Errorf("request %+v, want %+v", got, want)
 	}
 }

@@ -13,8 +13,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -22,12 +22,20 @@ import (
 // Service's EndpointSlices by name, fed by a client-go informer, and
 // publishes mergeSlices of them. The merge itself lives in endpointslice.go.
 
+// EndpointSliceClient lists and watches the EndpointSlices of a namespace:
+// the only API calls the Kubernetes source makes. KubeClient returns the
+// real one; tests adapt a fake clientset.
+type EndpointSliceClient interface {
+	ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error)
+	WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
+}
+
 // KubernetesOptions configures a Kubernetes source.
 type KubernetesOptions struct {
 	// Client talks to the API server. Required. It needs get, list and watch
 	// on endpointslices.discovery.k8s.io in the Service's namespace only
 	// (deploy/rbac).
-	Client kubernetes.Interface
+	Client EndpointSliceClient
 	// Service whose EndpointSlices are the endpoints. Required.
 	Service ServiceRef
 	// Port chooses the port of each slice; the zero value means the only
@@ -40,7 +48,7 @@ type KubernetesOptions struct {
 
 // Kubernetes discovers the endpoints of a Service from its EndpointSlices.
 type Kubernetes struct {
-	client  kubernetes.Interface
+	client  EndpointSliceClient
 	service ServiceRef
 	port    PortSelector
 	log     *slog.Logger
@@ -90,8 +98,7 @@ func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
 		wg.Wait()
 	}()
 
-	informer := discoveryinformers.NewFilteredEndpointSliceInformer(k.client, k.service.Namespace, 0, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.LabelSelector = k.labelSelector() })
+	informer := k.informer()
 	if err := informer.SetWatchErrorHandlerWithContext(k.watchError); err != nil {
 		return fmt.Errorf("kubernetes source: %w", err)
 	}
@@ -119,6 +126,27 @@ func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
 			p.publish(mergeSlices(tracker.list(), k.port))
 		}
 	}
+}
+
+// informer is client-go's EndpointSlice informer
+// (informers/discovery/v1.NewFilteredEndpointSliceInformer) on k.client
+// instead of a full clientset: scoped to the Service's namespace and label,
+// no resync. The client says whether it can stream the initial list as
+// watch events (a fake clientset cannot), as the generated informer's does.
+func (k *Kubernetes) informer() cache.SharedIndexInformer {
+	scope := func(o metav1.ListOptions) metav1.ListOptions {
+		o.LabelSelector = k.labelSelector()
+		return o
+	}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return k.client.ListEndpointSlices(ctx, k.service.Namespace, scope(o))
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return k.client.WatchEndpointSlices(ctx, k.service.Namespace, scope(o))
+		},
+	}
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, k.client), &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 }
 
 // watchError logs why a list or watch failed; client-go retries with

@@ -53,6 +53,20 @@ func (b *logBuffer) lines(substr string) []string {
 	return out
 }
 
+// fakeSlices is the EndpointSliceClient of a fake clientset. The embedded
+// clientset also tells the informer it cannot stream the initial list as
+// watch events (IsWatchListSemanticsUnSupported), as it does for client-go's
+// own informers.
+type fakeSlices struct{ *fake.Clientset }
+
+func (f fakeSlices) ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	return f.DiscoveryV1().EndpointSlices(namespace).List(ctx, opts)
+}
+
+func (f fakeSlices) WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	return f.DiscoveryV1().EndpointSlices(namespace).Watch(ctx, opts)
+}
+
 // runSource starts a Kubernetes source on client and returns the channel
 // its snapshots arrive on, the log, and a stop function that waits for Run
 // to return.
@@ -60,7 +74,7 @@ func runSource(t *testing.T, client *fake.Clientset, port PortSelector) (<-chan 
 	t.Helper()
 	logs := &logBuffer{}
 	src, err := NewKubernetes(KubernetesOptions{
-		Client:  client,
+		Client:  fakeSlices{client},
 		Service: testService,
 		Port:    port,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -434,7 +448,7 @@ func TestNewKubernetesValidates(t *testing.T) {
 	if _, err := NewKubernetes(KubernetesOptions{Service: testService}); err == nil {
 		t.Error("no client: no error")
 	}
-	if _, err := NewKubernetes(KubernetesOptions{Client: fake.NewClientset(), Service: ServiceRef{Name: "x"}}); err == nil {
+	if _, err := NewKubernetes(KubernetesOptions{Client: fakeSlices{fake.NewClientset()}, Service: ServiceRef{Name: "x"}}); err == nil {
 		t.Error("no namespace: no error")
 	}
 }

@@ -39,7 +39,8 @@ func ensureTools(log func(string, ...any), bins ...string) error {
 	return nil
 }
 
-// buildTether builds ./cmd/tether as `make build` does, into dir. It
+// buildTether builds ./cmd/tether as the sidecar image has it (the
+// Dockerfile's build-sidecar stage; `make build`'s bin/tether-sidecar), into dir. It
 // builds in tether's own module (the bench module's replace points at it),
 // with tether's go.mod, as `make build` and the image do: the bench module
 // resolves only what the bench imports.
@@ -49,7 +50,7 @@ func buildTether(dir string) (string, error) {
 		return "", fmt.Errorf("go list -m github.com/tether-mcp/tether: %w (run tetherbench from the bench module)", err)
 	}
 	out := filepath.Join(dir, "tether")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/tether")
+	cmd := exec.Command("go", "build", "-tags", "tether_sidecar", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd/tether")
 	cmd.Dir = strings.TrimSpace(string(list))
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
