@@ -31,6 +31,7 @@ check:
 
 unit:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -tags tether_sidecar -run 'CommandsOfThisBuild|Dependencies' ./cmd/tether/
 	cd bench && $(GO) test -race -count=1 ./...
 
 conformance:
