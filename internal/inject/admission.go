@@ -46,7 +46,7 @@ func (e *reviewError) Error() string { return e.Msg }
 // decision is what the webhook did with one Pod, for its log.
 type decision struct {
 	Pod    string // namespace/name (generateName… before a name is chosen)
-	Action Action // Injected, Skipped, or "" when denied
+	Action Action // actionInjected, actionSkipped, or "" when denied
 	Detail string
 }
 
@@ -65,7 +65,7 @@ func (inj Injector) review(body []byte) (*admissionv1.AdmissionReview, decision,
 	}
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	out := &admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
-	d := decision{Pod: req.Namespace + "/" + req.Name, Action: Skipped}
+	d := decision{Pod: req.Namespace + "/" + req.Name, Action: actionSkipped}
 
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" || req.SubResource != "" || req.Operation != admissionv1.Create {
 		d.Detail = fmt.Sprintf("%s %s%s is not a Pod creation", req.Operation, req.Kind.Kind, strings.TrimPrefix("/"+req.SubResource, "/"))
@@ -134,7 +134,7 @@ func (inj Injector) review(body []byte) (*admissionv1.AdmissionReview, decision,
 	if res.Detail != "" {
 		resp.Warnings = []string{"tether: " + res.Detail}
 	}
-	d.Action, d.Detail = Injected, res.Detail
+	d.Action, d.Detail = actionInjected, res.Detail
 	return out, d, nil
 }
 
@@ -249,7 +249,7 @@ func (inj Injector) AdmissionHandler(log *slog.Logger) http.Handler {
 		switch d.Action {
 		case "":
 			log.Warn("pod denied", "pod", d.Pod, "reason", d.Detail)
-		case Skipped:
+		case actionSkipped:
 			log.Debug("pod skipped", "pod", d.Pod, "reason", d.Detail)
 		default:
 			log.Info("pod "+string(d.Action), "pod", d.Pod, "detail", d.Detail)

@@ -67,7 +67,7 @@ func TestReviewPatched(t *testing.T) {
 	if review.APIVersion != "admission.k8s.io/v1" || review.Kind != "AdmissionReview" || resp.UID != "0d2a-uid" {
 		t.Fatalf("review header %s %s uid %q", review.APIVersion, review.Kind, resp.UID)
 	}
-	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch || d.Action != Injected {
+	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch || d.Action != actionInjected {
 		t.Fatalf("allowed %v patch type %v action %q", resp.Allowed, resp.PatchType, d.Action)
 	}
 	if d.Pod != "tools/proxy-7d9f-…" {
@@ -133,7 +133,7 @@ func TestReviewAllowedUnchanged(t *testing.T) {
 			if r := review.Response; !r.Allowed || r.Patch != nil || r.PatchType != nil || r.UID != "0d2a-uid" {
 				t.Fatalf("response %+v", r)
 			}
-			if d.Action != Skipped || d.Detail == "" {
+			if d.Action != actionSkipped || d.Detail == "" {
 				t.Errorf("decision %+v", d)
 			}
 		})
@@ -249,7 +249,7 @@ func TestReviewSkipsUnannotatedPodCheaply(t *testing.T) {
 	goruntime.ReadMemStats(&before)
 	review, d, err := inj.review(body)
 	goruntime.ReadMemStats(&after)
-	if err != nil || !review.Response.Allowed || review.Response.Patch != nil || d.Action != Skipped || d.Pod != "tools/proxy-7d9f-…" {
+	if err != nil || !review.Response.Allowed || review.Response.Patch != nil || d.Action != actionSkipped || d.Pod != "tools/proxy-7d9f-…" {
 		t.Fatalf("review: %v, action %q pod %q", err, d.Action, d.Pod)
 	}
 	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 4*uint64(len(body)) {

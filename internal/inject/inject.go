@@ -38,10 +38,10 @@ var supportedKinds = []string{"Pod", "Deployment", "StatefulSet", "DaemonSet", "
 type Action string
 
 const (
-	Injected  Action = "injected"  // the sidecar was added
-	Updated   Action = "updated"   // an existing tether container (or the grace period) was rewritten
-	Unchanged Action = "unchanged" // already as desired
-	Skipped   Action = "skipped"   // not a workload, or opted out
+	actionInjected  Action = "injected"  // the sidecar was added
+	actionUpdated   Action = "updated"   // an existing tether container (or the grace period) was rewritten
+	actionUnchanged Action = "unchanged" // already as desired
+	actionSkipped   Action = "skipped"   // not a workload, or opted out
 )
 
 // Result reports one object.
@@ -210,11 +210,11 @@ func (t template) apply(c Config) (Result, error) {
 
 	switch {
 	case !changed:
-		res.Action = Unchanged
+		res.Action = actionUnchanged
 	case existed:
-		res.Action = Updated
+		res.Action = actionUpdated
 	default:
-		res.Action = Injected
+		res.Action = actionInjected
 	}
 	if scalar(mapGet(t.spec, "automountServiceAccountToken")) == "false" {
 		res.Detail = "warning: automountServiceAccountToken is false, so tether has no token to read EndpointSlices with; mount one"
@@ -250,10 +250,10 @@ func (inj Injector) injectObject(root *yaml.Node) (Result, error) {
 		return Result{Object: t.obj}, err
 	}
 	if !ok {
-		return Result{Object: objectName(root), Action: Skipped, Detail: "no pod template"}, nil
+		return Result{Object: objectName(root), Action: actionSkipped, Detail: "no pod template"}, nil
 	}
 	if t.optedOut() {
-		return Result{Object: t.obj, Action: Skipped, Detail: annotationInject + ": \"false\""}, nil
+		return Result{Object: t.obj, Action: actionSkipped, Detail: annotationInject + ": \"false\""}, nil
 	}
 	c, err := inj.Defaults.With(t.annotations())
 	if err == nil {

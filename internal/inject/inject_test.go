@@ -112,7 +112,7 @@ func TestGolden(t *testing.T) {
 				t.Errorf("second run changed the output:\n%s", cmp.Diff(string(out), string(again)))
 			}
 			for _, r := range results2 {
-				if r.Action != Unchanged && r.Action != Skipped {
+				if r.Action != actionUnchanged && r.Action != actionSkipped {
 					t.Errorf("second run: %s %s", r.Object, r.Action)
 				}
 			}

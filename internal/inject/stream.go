@@ -110,7 +110,7 @@ func (inj Injector) Stream(src []byte) ([]byte, []Result, error) {
 
 		changed := false
 		for _, r := range rs {
-			changed = changed || r.Action == Injected || r.Action == Updated
+			changed = changed || r.Action == actionInjected || r.Action == actionUpdated
 		}
 		if !changed {
 			out.WriteString(text)

@@ -169,10 +169,10 @@ func (e *ListenError) Error() string {
 
 func (e *ListenError) Unwrap() error { return e.Err }
 
-// ErrDiscoveryStopped is Run's error when the discovery source returns
+// errDiscoveryStopped is Run's error when the discovery source returns
 // without an error before Run's context ended: tether no longer learns of
 // its backends.
-var ErrDiscoveryStopped = errors.New("discovery: the source stopped")
+var errDiscoveryStopped = errors.New("discovery: the source stopped")
 
 // Server is a tether: client and admin listeners around one proxy.
 type Server struct {
@@ -412,7 +412,7 @@ func (s *Server) Run(ctx context.Context) error {
 // nil when the source stopped by itself.
 func discoveryError(err error) error {
 	if err == nil {
-		return ErrDiscoveryStopped
+		return errDiscoveryStopped
 	}
 	return fmt.Errorf("discovery: %w", err)
 }

@@ -106,7 +106,7 @@ func TestDiscoveryFailingBeforeSyncStopsEverything(t *testing.T) {
 	}{
 		"error": {errors.New("no such Service"), "discovery: no such Service"},
 		// A source returning nil must not produce "%!w(<nil>)".
-		"nil": {nil, ErrDiscoveryStopped.Error()},
+		"nil": {nil, errDiscoveryStopped.Error()},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := testConfig(t)
@@ -122,8 +122,8 @@ func TestDiscoveryFailingBeforeSyncStopsEverything(t *testing.T) {
 			if tc.err != nil && !errors.Is(err, tc.err) {
 				t.Errorf("Run: %v does not wrap the source's error", err)
 			}
-			if tc.err == nil && !errors.Is(err, ErrDiscoveryStopped) {
-				t.Errorf("Run: %v, want ErrDiscoveryStopped", err)
+			if tc.err == nil && !errors.Is(err, errDiscoveryStopped) {
+				t.Errorf("Run: %v, want errDiscoveryStopped", err)
 			}
 			if s.Ready() {
 				t.Error("ready after discovery failed")
@@ -138,7 +138,7 @@ func TestDiscoveryFailingBeforeSyncStopsEverything(t *testing.T) {
 }
 
 // A source that stops without an error after its first snapshot ends Run
-// with ErrDiscoveryStopped too: tether would no longer learn of changes.
+// with errDiscoveryStopped too: tether would no longer learn of changes.
 func TestDiscoveryStoppingAfterSync(t *testing.T) {
 	cfg := testConfig(t)
 	stop := make(chan struct{})
@@ -156,8 +156,8 @@ func TestDiscoveryStoppingAfterSync(t *testing.T) {
 	<-s.Synced()
 	testkit.Eventually(t, 10*time.Second, s.Ready, "ready")
 	close(stop)
-	if err := <-done; !errors.Is(err, ErrDiscoveryStopped) {
-		t.Errorf("Run: %v, want ErrDiscoveryStopped", err)
+	if err := <-done; !errors.Is(err, errDiscoveryStopped) {
+		t.Errorf("Run: %v, want errDiscoveryStopped", err)
 	}
 	if !refused(s.ClientAddr()) || !refused(s.AdminAddr()) {
 		t.Error("a listener still accepts connections after Run returned")
