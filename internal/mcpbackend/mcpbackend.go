@@ -122,6 +122,15 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// CloseWrite half-closes the connection, as net/http does on a raw TCP
+// connection before it hangs up on a client still sending a body.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.mu.Lock()
