@@ -1,7 +1,8 @@
 // Package mcpbackend runs real MCP servers (the go-sdk's stateful
 // Streamable HTTP handler) on loopback listeners, for the demo, the tests
-// and the benchmarks. Each backend can be killed the way a terminating pod
-// is, and restarted in place on the same address with none of its sessions.
+// and the benchmarks. Each backend speaks HTTP/1.1 and h2c (HTTP/2 by prior
+// knowledge) on the same port, can be killed the way a terminating pod is,
+// and restarted in place on the same address with none of its sessions.
 package mcpbackend
 
 import (
@@ -33,7 +34,6 @@ type Backend struct {
 	mu     sync.Mutex
 	srv    *http.Server
 	server *mcp.Server
-	fresh  map[net.Conn]bool // connections that have not carried a request yet
 }
 
 // WhoamiOutput is the structured result of the whoami tool.
@@ -71,29 +71,116 @@ func (b *Backend) listen(addr string) error {
 	}
 	b.Addr = ln.Addr().String()
 	handler, server := b.handler()
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ConnState: b.trackConn}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos}
+	conns := map[*trackedConn]struct{}{}
+	srv.RegisterOnShutdown(func() { closeUnread(&b.mu, conns) })
 	b.mu.Lock()
-	b.srv, b.server, b.fresh = srv, server, map[net.Conn]bool{}
+	b.srv, b.server = srv, server
 	b.mu.Unlock()
-	go srv.Serve(ln)
+	go srv.Serve(&trackingListener{Listener: ln, mu: &b.mu, conns: conns})
 	return nil
+}
+
+// trackingListener records the connections it accepts, so that Kill can
+// tell those that have not delivered a byte yet.
+type trackingListener struct {
+	net.Listener
+	mu    *sync.Mutex
+	conns map[*trackedConn]struct{}
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	tc := &trackedConn{Conn: c, mu: l.mu, conns: l.conns}
+	l.mu.Lock()
+	l.conns[tc] = struct{}{}
+	l.mu.Unlock()
+	return tc, nil
+}
+
+// trackedConn is an accepted connection that knows whether it has
+// delivered any byte to the server.
+type trackedConn struct {
+	net.Conn
+	mu    *sync.Mutex
+	conns map[*trackedConn]struct{}
+	read  atomic.Bool // some Read returned bytes
+	once  sync.Once
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.read.Load() {
+		c.read.Store(true)
+	}
+	return n, err
+}
+
+// CloseWrite half-closes the connection, as net/http does on a raw TCP
+// connection before it hangs up on a client still sending a body.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.mu.Lock()
+		delete(c.conns, c)
+		c.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// closeUnread closes every connection that has not delivered a byte to the
+// server. It runs as an OnShutdown hook, that is once http.Server.Shutdown
+// has marked the server as shutting down and closed its listener.
+//
+// Why close them: http.Server.Shutdown leaves a connection that never
+// carried a request (StateNew) open for 5 s in case a request is arriving,
+// and the grace period's end then cuts it, at exactly the moment a client
+// resumes; a test's kill would race the client's connection pool rather
+// than test what happens to sessions. Closing it first lets the client see
+// it closed, as it sees Shutdown's idle connections closed. This is kinder
+// than a real Go server, which reads an HTTP/1.1 request arriving on such a
+// connection and drops it unanswered (conn.serve returns right after
+// readRequest once the server is shutting down): a client cannot tell that
+// from a crash mid-handler.
+//
+// Why only here and only for connections that delivered nothing (not for
+// every StateNew one, as before): a connection stays StateNew until
+// readRequest has returned, so one whose request the server has already
+// read still looks new; if Shutdown had not begun by then, a real server
+// serves that request, and cutting the connection under its handler drops
+// a call a real pod answers (the client sees a FIN with nothing unread,
+// and must answer 502). Nothing here has delivered a byte, and any HTTP/1.1
+// request it would still deliver arrives after Shutdown began, when a real
+// server drops it too. An h2c connection has delivered its preface before
+// it carries a stream, so Shutdown's GOAWAY handles it as in any Go server.
+func closeUnread(mu *sync.Mutex, conns map[*trackedConn]struct{}) {
+	mu.Lock()
+	var unread []*trackedConn
+	for c := range conns {
+		if !c.read.Load() {
+			unread = append(unread, c)
+		}
+	}
+	mu.Unlock()
+	for _, c := range unread {
+		c.Close()
+	}
 }
 
 // handler builds a fresh MCP server: a restart loses every session, as a
 // restarted pod does.
-func (b *Backend) trackConn(c net.Conn, st http.ConnState) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.fresh == nil {
-		return
-	}
-	if st == http.StateNew {
-		b.fresh[c] = true
-	} else {
-		delete(b.fresh, c)
-	}
-}
-
 func (b *Backend) handler() (http.Handler, *mcp.Server) {
 	server := mcp.NewServer(&mcp.Implementation{Name: b.Name, Version: "1.0.0"}, &mcp.ServerOptions{
 		InitializedHandler: func(context.Context, *mcp.InitializedRequest) { b.Initialized.Add(1) },
@@ -125,32 +212,25 @@ func (b *Backend) handler() (http.Handler, *mcp.Server) {
 	}), server
 }
 
-// Kill stops the backend the way a terminating pod stops: the listener
-// closes (new connections are refused), idle connections close, requests in
-// flight get up to grace to finish, then every connection, SSE streams
-// included, is cut and the MCP sessions end.
-//
-// Connections that never carried a request are closed at once, like idle
-// ones. (http.Server.Shutdown leaves them open for 5 s in case a request is
-// arriving, and then cuts them when the grace period ends — at exactly the
-// moment a client resumes, which makes a test's kill race the client's
-// connection pool rather than test what happens to sessions.)
+// Kill stops the backend the way a terminating Go pod does, with
+// http.Server.Shutdown: the listener closes (new connections are refused),
+// idle HTTP/1.1 connections close, HTTP/2 connections get a GOAWAY naming
+// the last stream the server took (the client sends later ones again
+// elsewhere), requests in flight get up to grace to finish, then every
+// connection, SSE streams included, is cut and the MCP sessions end.
+// Connections that have not delivered a byte close at once, like idle ones
+// (see closeUnread).
 func (b *Backend) Kill(grace time.Duration) {
 	b.mu.Lock()
-	srv, server, fresh := b.srv, b.server, b.fresh
-	b.srv, b.server, b.fresh = nil, nil, nil
+	srv, server := b.srv, b.server
+	b.srv, b.server = nil, nil
 	b.mu.Unlock()
 	if srv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- srv.Shutdown(ctx) }()
-	for c := range fresh {
-		c.Close()
-	}
-	if err := <-done; err != nil {
+	if err := srv.Shutdown(ctx); err != nil {
 		srv.Close()
 	}
 	for ss := range server.Sessions() {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,18 +32,34 @@ func TestMain(m *testing.M) {
 }
 
 // serveBackendProc runs one go-sdk MCP backend until stdin closes (the test
-// ended) or a signal kills the process (the test's crash).
+// ended), SIGTERM stops it as a terminating pod stops (http.Server.Shutdown
+// with backendProcGrace) or SIGKILL crashes it.
 func serveBackendProc(spec string) int {
 	name, addr, _ := strings.Cut(spec, "@")
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
 	b, err := mcpbackend.Start(name, addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	fmt.Println("listening", b.Addr)
-	io.Copy(io.Discard, os.Stdin)
+	stdinClosed := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(stdinClosed)
+	}()
+	select {
+	case <-stdinClosed:
+	case <-term:
+		b.Kill(backendProcGrace)
+	}
 	return 0
 }
+
+// backendProcGrace is how long a SIGTERMed backend process lets requests in
+// flight finish.
+const backendProcGrace = 2 * time.Second
 
 // backendProc is an MCP backend in its own process, so that it can crash.
 type backendProc struct {
@@ -96,6 +113,13 @@ func tryStartBackendProc(name, addr string) (*backendProc, error) {
 // closed its sockets, so tether's pooled connections have their FIN.
 func (p *backendProc) crash() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+// terminate sends SIGTERM, as a pod deletion does, and returns once the
+// backend has shut down and exited.
+func (p *backendProc) terminate() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
 	p.cmd.Wait()
 }
 

@@ -49,10 +49,13 @@ func newTransport(h2c bool, dial func(ctx context.Context, network, addr string)
 		t.Protocols = &protos
 		// No check here. A backend that shuts down sends GOAWAY naming the
 		// last stream it took, and http2 retries later streams itself
-		// (errClientConnGotGoAway). A crashed backend sends no GOAWAY, and a
-		// stream written before http2's reader sees the FIN still fails; but
-		// refusing the write would not help: http2 keeps the first write
-		// error for every stream of the connection and retries none of them.
+		// (errClientConnGotGoAway, with the body from GetBody, which
+		// rewrite sets on every request with a body; see
+		// TestBackendGracefulKillLoopH2C). A crashed backend sends no
+		// GOAWAY, and a stream written before http2's reader sees the FIN
+		// still fails; but refusing the write would not help: http2 keeps
+		// the first write error for every stream of the connection and
+		// retries none of them.
 		return t
 	}
 	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {

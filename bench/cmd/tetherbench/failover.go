@@ -16,6 +16,7 @@ import (
 
 type failoverRun struct {
 	Kind      string
+	Proto     string // what tether speaks to the backends: "HTTP/1.1" or "h2c"
 	Rate      float64
 	Sent      int
 	Errors    int
@@ -35,15 +36,28 @@ type failoverResult struct {
 	Runs     []failoverRun
 }
 
+// failoverKill is one kind of kill: its name in the report and the grace
+// period the backend gives requests in flight.
+type failoverKill struct{ name, grace string }
+
+var (
+	gracefulKill = failoverKill{"graceful: SIGTERM, 1 s drain", "1s"}
+	abruptKill   = failoverKill{"abrupt: every connection cut", "0s"}
+)
+
+const failoverSessions, failoverVictim = 60, "pod-1"
+
 // runFailover kills a backend under a fixed rate of follow-ups through
-// tether: once as a pod deletion does it (SIGTERM, in-flight requests
-// drain for 1 s) and once abruptly (every connection cut at once).
+// tether: as a pod deletion does it (SIGTERM, in-flight requests drain for
+// 1 s), env.failoverKills times with tether speaking HTTP/1.1 to the
+// backends and as many with h2c (--backend-h2c), and once abruptly (every
+// connection cut at once) over HTTP/1.1. The protocols differ on a
+// graceful kill: a Go server that is shutting down reads an HTTP/1.1
+// request that reaches it on a keep-alive connection at that moment and
+// closes the connection without answering (tether cannot tell that from a
+// crash mid-handler, and answers 502), while over HTTP/2 its GOAWAY names
+// the last request it took and the client sends later ones again.
 func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
-	const sessions, victim = 60, "pod-1"
-	rate, dur, killAt := 500.0, 6*time.Second, 2*time.Second
-	if env.full {
-		rate, dur, killAt = 1000, 12*time.Second, 4*time.Second
-	}
 	backends, addrs, names, err := startBackends(env.logDir, "failover-backends", nil, "-names", "pod-0,pod-1,pod-2")
 	if err != nil {
 		return nil, err
@@ -53,26 +67,51 @@ func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
 	for _, n := range names {
 		urls = append(urls, "http://"+addrs[n])
 	}
-	tp, turl, err := startTether(ctx, env.tether, env.logDir, "failover-tether", urls)
+	res := &failoverResult{Sessions: failoverSessions}
+	for _, proto := range []string{"HTTP/1.1", "h2c"} {
+		var kinds []failoverKill
+		for range max(env.failoverKills, 1) {
+			kinds = append(kinds, gracefulKill)
+		}
+		var extra []string
+		if proto == "h2c" {
+			extra = append(extra, "--backend-h2c")
+		} else {
+			kinds = append(kinds, abruptKill)
+		}
+		if err := runFailoverKills(ctx, env, res, backends, addrs, urls, proto, extra, kinds); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// runFailoverKills runs kinds in turn through one tether started with
+// extra flags, each kill a run of its own with fresh sessions.
+func runFailoverKills(ctx context.Context, env *reportEnv, res *failoverResult, backends *proc, addrs map[string]string, urls []string,
+	proto string, extra []string, kinds []failoverKill) error {
+	const sessions, victim = failoverSessions, failoverVictim
+	rate, dur, killAt := 500.0, 6*time.Second, 2*time.Second
+	if env.full {
+		rate, dur, killAt = 1000, 12*time.Second, 4*time.Second
+	}
+	name := "failover-tether"
+	if proto == "h2c" {
+		name += "-h2c"
+	}
+	tp, turl, err := startTether(ctx, env.tether, env.logDir, name, urls, extra...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer tp.stop()
-	res := &failoverResult{Sessions: sessions}
 	httpc := newClient()
-	type killKind struct{ name, grace string }
-	var kinds []killKind
-	for range max(env.failoverKills, 1) {
-		kinds = append(kinds, killKind{"graceful: SIGTERM, 1 s drain", "1s"})
-	}
-	kinds = append(kinds, killKind{"abrupt: every connection cut", "0s"})
 	for _, kind := range kinds {
 		var ss []liveSession
 		onVictim := 0
 		for range sessions {
 			sid, backend, err := openSession(ctx, httpc, turl+"/mcp")
 			if err != nil {
-				return nil, err
+				return err
 			}
 			ss = append(ss, liveSession{url: turl + "/mcp", header: mcpHeaders(sid), backend: backend})
 			if backend == victim {
@@ -92,9 +131,9 @@ func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
 		r = attack(ctx, followUpTargeter(ss), rate, dur, 2000)
 		kt := <-killed
 		if _, err := backends.expect("ok", 10*time.Second, nil); err != nil {
-			return nil, err
+			return err
 		}
-		run := failoverRun{Kind: kind.name, Rate: rate, OnVictim: onVictim, Codes: map[string]int{}, KillAt: kt.Sub(r.Started).Seconds()}
+		run := failoverRun{Kind: kind.name, Proto: proto, Rate: rate, OnVictim: onVictim, Codes: map[string]int{}, KillAt: kt.Sub(r.Started).Seconds()}
 		run.Reinits = reinitCount(tp.admin) - before
 		var pre, post []time.Duration
 		for _, s := range r.Samples {
@@ -118,44 +157,46 @@ func runFailover(ctx context.Context, env *reportEnv) (*failoverResult, error) {
 		}
 		run.T, run.OK, run.Err, run.P99 = timeline(r.Samples, dur, 100*time.Millisecond)
 		res.Runs = append(res.Runs, run)
-		env.logf("failover: %s: %d errors of %d, p99 %.2fms before, %.2fms in the second after the kill (max %.1fms), %d sessions on %s, %.0f re-initializations",
-			kind.name, run.Errors, run.Sent, ms(run.P99Before), ms(run.P99After), ms(run.MaxAfter), onVictim, victim, run.Reinits)
+		env.logf("failover: %s over %s: %d errors of %d, p99 %.2fms before, %.2fms in the second after the kill (max %.1fms), %d sessions on %s, %.0f re-initializations",
+			kind.name, proto, run.Errors, run.Sent, ms(run.P99Before), ms(run.P99After), ms(run.MaxAfter), onVictim, victim, run.Reinits)
 		for _, s := range ss {
 			closeSession(ctx, httpc, s.url, s.header.Get("Mcp-Session-Id"))
 		}
 		if err := backends.send("restart " + victim); err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := backends.expect("ok", 10*time.Second, nil); err != nil {
-			return nil, err
+			return err
 		}
 		// The next run starts when tether has readmitted the pod (its
 		// ejection backoff doubles while the pod is down).
 		if err := waitReadmitted(ctx, tp.admin, "http://"+addrs[victim], 40*time.Second); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return res, nil
+	return nil
 }
 
-// failoverKind sums the runs of one kind of kill.
+// failoverKind sums the runs of one kind of kill over one protocol.
 type failoverKind struct {
-	Kind                   string
+	Kind, Proto            string
 	Kills, KillsWithErrors int
 	Sent, Errors           int
 	WorstP99After          time.Duration
 }
 
-// byKind sums the runs per kind of kill, in the order the kinds first ran.
+// byKind sums the runs per kind of kill and protocol, in the order they
+// first ran.
 func (f *failoverResult) byKind() []failoverKind {
 	var kinds []failoverKind
-	at := map[string]int{}
+	at := map[[2]string]int{}
 	for _, r := range f.Runs {
-		i, ok := at[r.Kind]
+		key := [2]string{r.Kind, r.Proto}
+		i, ok := at[key]
 		if !ok {
 			i = len(kinds)
-			at[r.Kind] = i
-			kinds = append(kinds, failoverKind{Kind: r.Kind})
+			at[key] = i
+			kinds = append(kinds, failoverKind{Kind: r.Kind, Proto: r.Proto})
 		}
 		k := &kinds[i]
 		k.Kills++
@@ -243,8 +284,8 @@ func reinitCount(admin string) float64 {
 
 func failoverMarkdown(f *failoverResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d sessions through tether (p2c, memory store) over 3 go-sdk backends; follow-ups at a fixed rate; `pod-1` killed during the run (internal/mcpbackend's Kill: listener closed, in-flight requests drained for the grace period, then every connection and MCP session ended). Errors are client-visible failures of any kind.\n\n", f.Sessions)
-	b.WriteString("| kill | rate | errors / requests | codes | sessions on the killed pod | re-initializations | p99 before | p99 in the second after | max in that second |\n|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "%d sessions through tether (p2c, memory store) over 3 go-sdk backends; follow-ups at a fixed rate; `pod-1` killed during the run (internal/mcpbackend's Kill: http.Server.Shutdown, so listener closed, idle HTTP/1.1 connections closed, GOAWAY on HTTP/2 connections, in-flight requests drained for the grace period, then every connection and MCP session ended). tether speaks HTTP/1.1 to the backends, or h2c with `--backend-h2c`; each kill is a run of its own with fresh sessions. Errors are client-visible failures of any kind.\n\n", f.Sessions)
+	b.WriteString("| kill | tether → backends | rate | errors / requests | codes | sessions on the killed pod | re-initializations | p99 before | p99 in the second after | max in that second |\n|---|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range f.Runs {
 		codes := "–"
 		if len(r.Codes) > 0 {
@@ -258,12 +299,12 @@ func failoverMarkdown(f *failoverResult) string {
 			slices.Sort(parts)
 			codes = strings.Join(parts, ", ")
 		}
-		fmt.Fprintf(&b, "| %s | %.0f/s | %d / %d | %s | %d | %.0f | %.2f ms | %.2f ms | %.1f ms |\n",
-			r.Kind, r.Rate, r.Errors, r.Sent, codes, r.OnVictim, r.Reinits, ms(r.P99Before), ms(r.P99After), ms(r.MaxAfter))
+		fmt.Fprintf(&b, "| %s | %s | %.0f/s | %d / %d | %s | %d | %.0f | %.2f ms | %.2f ms | %.1f ms |\n",
+			r.Kind, r.Proto, r.Rate, r.Errors, r.Sent, codes, r.OnVictim, r.Reinits, ms(r.P99Before), ms(r.P99After), ms(r.MaxAfter))
 	}
 	for _, k := range f.byKind() {
 		if k.Kills > 1 {
-			fmt.Fprintf(&b, "\n%s, %d kills: %d errors of %d requests; %d kills with errors.\n", k.Kind, k.Kills, k.Errors, k.Sent, k.KillsWithErrors)
+			fmt.Fprintf(&b, "\n%s over %s, %d kills: %d errors of %d requests; %d kills with errors.\n", k.Kind, k.Proto, k.Kills, k.Errors, k.Sent, k.KillsWithErrors)
 		}
 	}
 	return b.String()
@@ -272,16 +313,17 @@ func failoverMarkdown(f *failoverResult) string {
 func failoverChart(f *failoverResult) *svg.Figure {
 	fig := &svg.Figure{Title: "Failover under load: a backend killed behind tether", Cols: 2, PanelW: 560, PanelH: 280,
 		Footnote: "Per 100 ms bucket of request start times; the dashed line is the kill."}
-	charted := map[string]bool{}
+	charted := map[[2]string]bool{}
 	for _, r := range f.Runs {
-		if charted[r.Kind] {
-			continue // repeated kills: the first of each kind is charted
+		if charted[[2]string{r.Kind, r.Proto}] {
+			continue // repeated kills: the first of each kind and protocol is charted
 		}
-		charted[r.Kind] = true
+		charted[[2]string{r.Kind, r.Proto}] = true
 		mk := []svg.Marker{{X: r.KillAt, Label: "kill"}}
-		fig.Add(&svg.LineChart{Title: r.Kind + ": requests/s", XLabel: "s", YLabel: "req/s", Markers: mk,
+		title := r.Kind + " (" + r.Proto + ")"
+		fig.Add(&svg.LineChart{Title: title + ": requests/s", XLabel: "s", YLabel: "req/s", Markers: mk,
 			Series: []svg.Series{{Name: "ok", X: r.T, Y: r.OK}, {Name: "errors", X: r.T, Y: r.Err}}})
-		fig.Add(&svg.LineChart{Title: r.Kind + ": p99 latency", XLabel: "s", YLabel: "p99 ms", LogY: true, Markers: mk,
+		fig.Add(&svg.LineChart{Title: title + ": p99 latency", XLabel: "s", YLabel: "p99 ms", LogY: true, Markers: mk,
 			Series: []svg.Series{{Name: "p99", X: r.T, Y: r.P99}}})
 	}
 	return fig

@@ -38,7 +38,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")
 	profile := fs.Bool("profile", false, "also profile tether in-process under load (always on with -full)")
 	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs and configs")
-	failoverKills := fs.Int("failover-kills", 1, "graceful kills in the failover scenario, each a run of its own with fresh sessions (rare races need many; the abrupt kill runs once)")
+	failoverKills := fs.Int("failover-kills", 1, "graceful kills in the failover scenario per protocol (HTTP/1.1 and h2c), each a run of its own with fresh sessions (rare races need many; the abrupt kill runs once)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func (r *report) targetsMarkdown() string {
 			if k.Kills > 1 {
 				what = fmt.Sprintf("%d errors of %d requests over %d kills (%d with errors); worst p99 %.1f ms in the second after a kill", k.Errors, k.Sent, k.Kills, k.KillsWithErrors, ms(k.WorstP99After))
 			}
-			row("0 errors on failover ("+k.Kind+")", what, k.Errors == 0)
+			row("0 errors on failover ("+k.Kind+", "+k.Proto+")", what, k.Errors == 0)
 		}
 	}
 	return b.String()
