@@ -92,6 +92,7 @@ type Balancer struct {
 	// capFactor is 1+ε in units of 1/capScale (see PickByKey); 0 when
 	// Options.Affinity is nil, and then no generation has a ring.
 	capFactor int64
+	capFloor  int64 // the least capacity, ceil(1/ε)
 
 	current atomic.Pointer[generation] // never nil
 	ready   atomic.Bool                // set by the first Update
@@ -163,6 +164,7 @@ func New(opts Options) *Balancer {
 			panic("balancer: " + err.Error())
 		}
 		b.capFactor = capacityFactor(eps)
+		b.capFloor = capacityFloor(eps)
 	}
 	b.current.Store(b.newGeneration(nil))
 	return b

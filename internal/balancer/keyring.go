@@ -37,6 +37,16 @@ import (
 //   - at low load no endpoint is full and every replica sends a key to its
 //     home, which is what keeps independent replicas agreeing.
 //
+// One deviation from the paper: the capacity is never below ceil(1/ε).
+// While the mean is below 1/ε, (1+ε) × mean is less than one request above
+// the mean, so the bound would demand near-perfect balance of a handful of
+// requests and move keys over a single one: two concurrent calls on one
+// handle, or a client's next call arriving before its previous one was
+// counted out (the proxy ends its count after the response is relayed). No
+// endpoint is overloaded at such loads, so keys stay home; the bound is
+// max(ceil((1+ε) × mean), ceil(1/ε)), and the paper's once the mean
+// reaches 1/ε (4 in-flight requests per endpoint at ε = 0.25).
+//
 // Picks race like every load reading does: two picks that read the same
 // load below capacity may both land, so concurrent picks can overshoot the
 // capacity by at most the number of picks in flight between read and
@@ -90,6 +100,14 @@ func CheckAffinityEpsilon(eps float64) error {
 const capScale = 1 << 16
 
 func capacityFactor(eps float64) int64 { return int64(math.Floor((1 + eps) * capScale)) }
+
+// capacityFloor is the least capacity, ceil(1/ε) (see the package comment
+// on key affinity).
+func capacityFloor(eps float64) int64 { return int64(math.Ceil(1 / eps)) }
+
+// KeyAffinity reports whether the Balancer was built with
+// Options.Affinity, that is, whether PickByKey can pick.
+func (b *Balancer) KeyAffinity() bool { return b.capFactor != 0 }
 
 // keyRing is the ring of one generation: points sorted ascending, and
 // owners[i] the endpoint that owns points[i]. Immutable once built.
@@ -166,6 +184,7 @@ func (b *Balancer) PickByKey(key string, exclude *Endpoint) (*Endpoint, error) {
 	// being placed; since factor ≥ capScale, capacity × n > total, so some
 	// endpoint is below it (at the time of the reads above).
 	capacity := (b.capFactor*(max(total, 0)+1) + capScale*n - 1) / (capScale * n)
+	capacity = max(capacity, b.capFloor)
 
 	r := g.keys
 	i := r.search(hashKey(key))

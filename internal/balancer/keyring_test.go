@@ -205,7 +205,8 @@ func TestPickByKeyPinned(t *testing.T) {
 // in flight and finishing a random one when the window is full (requests
 // finish in any order). Every placement is checked against the
 // algorithm's guarantee: the chosen endpoint's load, this request
-// included, is at most ceil((1+ε) × mean) over the eligible endpoints.
+// included, is at most ceil((1+ε) × mean) over the eligible endpoints, or
+// ceil(1/ε) while the mean is below 1/ε (PickByKey's floor).
 type traffic struct {
 	b        *balancer.Balancer
 	eps      float64
@@ -273,8 +274,9 @@ func (tr *traffic) run(t *testing.T, n int, home func(key string) string) (homed
 			most = max(most, x.Inflight())
 		}
 		mean := float64(total) / float64(len(eligible))
-		if load, bound := float64(e.Inflight()), math.Ceil((1+tr.eps)*mean); load > bound {
-			t.Fatalf("placed a request on %s with load %v, above ceil((1+%v) × mean %v) = %v", e.ID, load, tr.eps, mean, bound)
+		bound := max(math.Ceil((1+tr.eps)*mean), math.Ceil(1/tr.eps))
+		if load := float64(e.Inflight()); load > bound {
+			t.Fatalf("placed a request on %s with load %v, above max(ceil((1+%v) × mean %v), ceil(1/ε)) = %v", e.ID, load, tr.eps, mean, bound)
 		}
 		if len(tr.inflight) == tr.window {
 			tr.worstPlacement = max(tr.worstPlacement, float64(e.Inflight())/mean)
@@ -486,5 +488,27 @@ func BenchmarkPickByKey(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// TestPickByKeyFloor: below a mean of 1/ε in flight a key stays home up to
+// ceil(1/ε) requests (4 at ε = 0.25), and spills once its home has that
+// many.
+func TestPickByKeyFloor(t *testing.T) {
+	b := newKeyBalancer(t, 0.25)
+	b.Update(snapshot(ready("a", "b", "c")...))
+	home := mustPickByKey(t, b, "ws-1", nil)
+	for i := range 3 {
+		home.Begin()
+		if got := mustPickByKey(t, b, "ws-1", nil); got != home {
+			t.Fatalf("with %d in flight on its home %s, ws-1 went to %s", i+1, home.ID, got.ID)
+		}
+	}
+	home.Begin() // 4 in flight, the floor: max(ceil(1.25 × 5/3), 4) = 4
+	if got := mustPickByKey(t, b, "ws-1", nil); got == home {
+		t.Fatalf("with 4 in flight on its home %s, ws-1 still went there", home.ID)
+	}
+	for range 4 {
+		home.End()
 	}
 }
