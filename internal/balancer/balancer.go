@@ -7,9 +7,11 @@
 // The pick path is lock-free. Every change of the endpoint set or of an
 // endpoint's eligibility builds a new immutable generation and publishes it
 // through an atomic pointer; Pick, PickByKey and Lookup only load that
-// pointer. Load
-// counters live on the long-lived *Endpoint values, which the generations
-// share, so rebuilding a generation never resets them.
+// pointer. Load counters live on the long-lived *Endpoint values, which the
+// generations share, so rebuilding a generation never resets them.
+//
+// Besides the load pickers, PickByKey routes a key (a handle) by consistent
+// hashing with bounded loads (keyring.go).
 package balancer
 
 import (
