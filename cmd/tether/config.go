@@ -73,6 +73,12 @@ type config struct {
 	BodyTimeout               time.Duration
 	MaxStreams                int
 	HTTP2MaxConcurrentStreams int
+
+	// AffinityHeader names the request header whose value is a handle key
+	// for consistent hashing with bounded loads (balancer.PickByKey);
+	// "" is off. AffinityEpsilon is that picker's ε.
+	AffinityHeader  string
+	AffinityEpsilon float64
 }
 
 func defaultConfig() config {
@@ -95,6 +101,7 @@ func defaultConfig() config {
 		BodyTimeout:               proxy.DefaultBodyTimeout,
 		MaxStreams:                proxy.DefaultMaxStreams,
 		HTTP2MaxConcurrentStreams: server.DefaultHTTP2MaxConcurrentStreams,
+		AffinityEpsilon:           balancer.DefaultAffinityEpsilon,
 		// Why these bounds: see session.DefaultMaxSessions and
 		// session.DefaultMaxInitBytes.
 		MaxSessions:         session.DefaultMaxSessions,
@@ -152,6 +159,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "time a request body may take to arrive, whole (slower: 408, connection closed)")
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "GET (SSE) streams open at once (more: 503)")
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
+	fs.StringVar(&cfg.AffinityHeader, "affinity-header", "", "header (e.g. Mcp-Param-Workspace) whose value keys session-less MCP 2026-07-28 requests to one backend by consistent hashing with bounded loads (default: none)")
+	fs.Float64Var(&cfg.AffinityEpsilon, "affinity-epsilon", cfg.AffinityEpsilon, "ε of --affinity-header: no backend takes a keyed request while above (1+ε) × the mean in-flight load")
 
 	// Environment first, so that the command line overrides it.
 	if err := envDefaults(fs, getenv); err != nil {
@@ -230,6 +239,13 @@ func (c config) validate() error {
 		return fmt.Errorf("--balancer %q: want one of %s", c.Balancer, strings.Join(balancer.PickerNames, ", "))
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	case c.AffinityHeader != "" && !validHeaderName(c.AffinityHeader):
+		return fmt.Errorf("--affinity-header: %q is not a header name", c.AffinityHeader)
+	case hopByHop[textproto.CanonicalMIMEHeaderKey(c.AffinityHeader)]:
+		return fmt.Errorf("--affinity-header: %s is a hop-by-hop header", c.AffinityHeader)
+	}
+	if err := balancer.CheckAffinityEpsilon(c.AffinityEpsilon); err != nil {
+		return fmt.Errorf("--affinity-epsilon: %w", err)
 	}
 	if _, err := telemetry.ParseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("--log-level %w", err)

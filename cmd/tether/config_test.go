@@ -66,6 +66,14 @@ func TestParseServeFlags(t *testing.T) {
 		{"no principal headers", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", ""}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)),
 			with(func(c *config) { c.PrincipalHeaders, c.PrincipalKey = []string{}, strings.Repeat("k", 32) }), ""},
 
+		{"affinity", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp-Param-Workspace", "--affinity-epsilon", "0.5"}, env(),
+			with(func(c *config) { c.AffinityHeader, c.AffinityEpsilon = "Mcp-Param-Workspace", 0.5 }), ""},
+		{"affinity in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_AFFINITY_HEADER", "Mcp-Param-Workspace"),
+			with(func(c *config) { c.AffinityHeader = "Mcp-Param-Workspace" }), ""},
+		{"bad affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp Param"}, env(), config{}, "--affinity-header"},
+		{"hop-by-hop affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "te"}, env(), config{}, "hop-by-hop"},
+		{"zero affinity epsilon", []string{"--backends", "http://127.0.0.1:9001", "--affinity-epsilon", "0"}, env(), config{}, "--affinity-epsilon: affinity epsilon must be in (0, 100]"},
+
 		{"no backends", nil, env(), config{}, "no backends"},
 		{"zero max init body", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "0"}, env(), config{}, "--max-init-body"},
 		{"hop-by-hop principal header", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", "proxy-authorization"}, env(), config{}, "hop-by-hop"},

@@ -63,6 +63,8 @@ func serverConfig(cfg config, log *slog.Logger) (server.Config, error) {
 		MaxStreams:           cfg.MaxStreams,
 
 		HTTP2MaxConcurrentStreams: cfg.HTTP2MaxConcurrentStreams,
+		AffinityHeader:            cfg.AffinityHeader,
+		AffinityEpsilon:           cfg.AffinityEpsilon,
 		BackendH2C:                cfg.BackendH2C,
 		ShutdownGrace:             cfg.ShutdownGrace,
 		Getenv:                    cfg.getenv,

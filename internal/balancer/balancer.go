@@ -6,12 +6,16 @@
 //
 // The pick path is lock-free. Every change of the endpoint set or of an
 // endpoint's eligibility builds a new immutable generation and publishes it
-// through an atomic pointer; Pick and Lookup only load that pointer. Load
-// counters live on the long-lived *Endpoint values, which the generations
-// share, so rebuilding a generation never resets them.
+// through an atomic pointer; Pick, PickByKey and Lookup only load that
+// pointer. Load counters live on the long-lived *Endpoint values, which the
+// generations share, so rebuilding a generation never resets them.
+//
+// Besides the load pickers, PickByKey routes a key (a handle) by consistent
+// hashing with bounded loads (keyring.go).
 package balancer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -65,6 +69,11 @@ type Options struct {
 	// arrive in the order of the updates; it must be quick and must not
 	// call Update or Eject.
 	OnUpdate func(endpoints []*Endpoint)
+	// Affinity, when set, makes every generation also build the ring that
+	// PickByKey walks (VirtualNodes points per eligible endpoint); nil
+	// builds none, and PickByKey fails with ErrNoAffinity. New panics on an
+	// Epsilon that CheckAffinityEpsilon rejects.
+	Affinity *AffinityOptions
 }
 
 // Balancer holds the current endpoint set and picks from it.
@@ -82,6 +91,10 @@ type Balancer struct {
 	probeInterval time.Duration
 	logger        *slog.Logger
 	onUpdate      func([]*Endpoint)
+	// capFactor is 1+ε in units of 1/capScale (see PickByKey); 0 when
+	// Options.Affinity is nil, and then no generation has a ring.
+	capFactor int64
+	capFloor  int64 // the least capacity, ceil(1/ε)
 
 	current atomic.Pointer[generation] // never nil
 	ready   atomic.Bool                // set by the first Update
@@ -104,6 +117,11 @@ type generation struct {
 	eligible      []*Endpoint
 	ring          []*Endpoint
 	eligibleIndex map[*Endpoint]int // position in eligible, for exclusion
+
+	// keys is the consistent-hash ring over eligible for PickByKey, nil
+	// without Options.Affinity. Built here, with the rest of the
+	// generation, so the ring changes only when the eligible set does.
+	keys *keyRing
 }
 
 // New returns a Balancer with no endpoints: Pick fails with ErrNoEndpoints and
@@ -142,7 +160,15 @@ func New(opts Options) *Balancer {
 	if b.logger == nil {
 		b.logger = slog.New(slog.DiscardHandler)
 	}
-	b.current.Store(newGeneration(nil))
+	if a := opts.Affinity; a != nil {
+		eps := cmp.Or(a.Epsilon, DefaultAffinityEpsilon)
+		if err := CheckAffinityEpsilon(eps); err != nil {
+			panic("balancer: " + err.Error())
+		}
+		b.capFactor = capacityFactor(eps)
+		b.capFloor = capacityFloor(eps)
+	}
+	b.current.Store(b.newGeneration(nil))
 	return b
 }
 
@@ -190,7 +216,7 @@ func urlString(de discovery.Endpoint) string {
 // publishLocked builds a generation from all (sorted by ID), reading each
 // endpoint's current state and ejection, and makes it the one picks see.
 func (b *Balancer) publishLocked(all []*Endpoint) {
-	b.current.Store(newGeneration(all))
+	b.current.Store(b.newGeneration(all))
 }
 
 // candidates is the eligible set without exclude: when exclude is
@@ -205,7 +231,7 @@ func (g *generation) candidates(exclude *Endpoint) []*Endpoint {
 	return g.eligible
 }
 
-func newGeneration(all []*Endpoint) *generation {
+func (b *Balancer) newGeneration(all []*Endpoint) *generation {
 	g := &generation{
 		all:  all,
 		byID: make(map[string]*Endpoint, len(all)),
@@ -222,6 +248,9 @@ func newGeneration(all []*Endpoint) *generation {
 	g.eligibleIndex = make(map[*Endpoint]int, n)
 	for i, e := range g.eligible {
 		g.eligibleIndex[e] = i
+	}
+	if b.capFactor != 0 {
+		g.keys = newKeyRing(g.eligible)
 	}
 	return g
 }

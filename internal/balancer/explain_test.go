@@ -18,7 +18,7 @@ func TestPickExplained(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := New(Options{Picker: p})
-		b.current.Store(newGeneration(eps))
+		b.current.Store(b.newGeneration(eps))
 		for range 50 {
 			got, weighed, err := b.PickExplained(nil, nil)
 			if err != nil {

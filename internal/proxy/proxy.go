@@ -87,6 +87,14 @@ type Config struct {
 	// Propagator carries W3C trace context from the client to the backend;
 	// nil = trace context and baggage.
 	Propagator propagation.TextMapPropagator
+	// AffinityHeader, when set, names a header (e.g. Mcp-Param-Workspace)
+	// whose value keys a session-less MCP 2026-07-28 request to one
+	// backend: such a request goes where Balancer.PickByKey puts that value
+	// (consistent hashing with bounded loads) instead of a pick by load.
+	// Requests of older protocol versions and requests without the header
+	// are picked as before. The Balancer must be built with
+	// Options.Affinity; New panics otherwise.
+	AffinityHeader string
 }
 
 // Proxy is an http.Handler that routes MCP traffic to backends.
@@ -112,6 +120,9 @@ type Proxy struct {
 	propagator propagation.TextMapPropagator
 	decisions  *decisionLog
 
+	// affinityHeader is Config.AffinityHeader, canonical ("": off).
+	affinityHeader string
+
 	flights singleflight.Group // one re-initialization per session at a time
 }
 
@@ -132,6 +143,11 @@ func New(cfg Config) *Proxy {
 		tracer:     cfg.Tracer,
 		propagator: cfg.Propagator,
 		decisions:  newDecisionLog(100000),
+
+		affinityHeader: http.CanonicalHeaderKey(cfg.AffinityHeader),
+	}
+	if p.affinityHeader != "" && !p.bal.KeyAffinity() {
+		panic("proxy: Config.AffinityHeader needs a Balancer built with Options.Affinity")
 	}
 	if p.propagator == nil {
 		p.propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -176,6 +192,9 @@ type exchange struct {
 	store      string               // tether.store.result of the session lookup: hit, miss, error
 	newSID     string               // the session id a new session got
 	weighed    []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
+	// affinityKey is the value of the affinity header of a session-less
+	// modern request: picks for it go by the key ("" for any other).
+	affinityKey string
 
 	out   statusRecorder // the client's response writer, remembering the status
 	start time.Time
@@ -256,6 +275,9 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		}
 	case x.class.SessionID == "":
 		x.route = RouteStateless
+		if p.affinityHeader != "" && modernProtocol(x.class.ProtocolVersion) {
+			x.affinityKey = r.Header.Get(p.affinityHeader)
+		}
 	default:
 		if !p.routeSession(ctx, w, r.WithContext(ctx), x) {
 			return false
@@ -268,12 +290,29 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 	return true
 }
 
+// modernProtocol reports whether v, an MCP-Protocol-Version, is of the
+// session-less era: 2026-07-28 or later. Versions are dates (YYYY-MM-DD),
+// so they order as strings. (The era classification of issue 13 item 1
+// supersedes this where it lands.)
+func modernProtocol(v string) bool {
+	return len(v) == len(firstModernProtocol) && v >= firstModernProtocol
+}
+
+const firstModernProtocol = "2026-07-28"
+
 // pick chooses a backend for a request that has none yet.
 func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
 	start := time.Now()
 	var ep *balancer.Endpoint
 	var err error
-	if span != nil || x.route == RouteNew {
+	if x.affinityKey != "" {
+		// A retry after a failed dial excludes the key's endpoint and so
+		// goes where the key would go without it.
+		ep, err = p.bal.PickByKey(x.affinityKey, x.excluded)
+		if span != nil {
+			span.SetAttributes(attribute.Bool("tether.affinity", true))
+		}
+	} else if span != nil || x.route == RouteNew {
 		// Placements are rare and worth explaining later; other picks are
 		// explained only when traced.
 		ep, x.weighed, err = p.bal.PickExplained(x.excluded, x.weighed[:0])

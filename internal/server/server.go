@@ -131,6 +131,13 @@ type Config struct {
 	BodyTimeout          time.Duration
 	MaxStreams           int
 
+	// AffinityHeader, when set, names the header whose value keys a
+	// session-less MCP 2026-07-28 request to one backend by consistent
+	// hashing with bounded loads (balancer.PickByKey, ε AffinityEpsilon;
+	// 0 is balancer.DefaultAffinityEpsilon). See proxy.Config.
+	AffinityHeader  string
+	AffinityEpsilon float64
+
 	// HTTP2MaxConcurrentStreams bounds the concurrent requests of one h2c
 	// client connection; 0 is DefaultHTTP2MaxConcurrentStreams.
 	HTTP2MaxConcurrentStreams int
@@ -220,6 +227,13 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
+	var affinity *balancer.AffinityOptions
+	if cfg.AffinityHeader != "" {
+		affinity = &balancer.AffinityOptions{Epsilon: cmp.Or(cfg.AffinityEpsilon, balancer.DefaultAffinityEpsilon)}
+		if err := balancer.CheckAffinityEpsilon(affinity.Epsilon); err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+	}
 	s := &Server{cfg: cfg, log: log, synced: make(chan struct{})}
 	// undo stops what New started, in reverse, if New fails.
 	var undo []func()
@@ -231,7 +245,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}()
 
-	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, OnUpdate: func(eps []*balancer.Endpoint) {
+	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, Affinity: affinity, OnUpdate: func(eps []*balancer.Endpoint) {
 		s.metrics.RetainBackends(endpointURLs(eps))
 	}})
 	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
@@ -274,6 +288,7 @@ func New(cfg Config) (_ *Server, err error) {
 		MaxInitBody:      cfg.MaxInitBody,
 		PrincipalKey:     principal,
 		PrincipalHeaders: cfg.PrincipalHeaders,
+		AffinityHeader:   cfg.AffinityHeader,
 	})
 
 	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())

@@ -318,3 +318,29 @@ func TestDebugIsLoopbackOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestAffinityConfig: --affinity-header builds the balancer's ring (and
+// hands the header to the proxy); a bad ε is refused before anything
+// starts.
+func TestAffinityConfig(t *testing.T) {
+	cfg := testConfig(t, pingBackend(t).URL)
+	cfg.AffinityHeader = "Mcp-Param-Workspace"
+	s := startServer(t, cfg)
+	if !s.bal.KeyAffinity() {
+		t.Error("AffinityHeader set, but the balancer has no key ring")
+	}
+	if _, err := s.bal.PickByKey("ws-1", nil); err != nil {
+		t.Errorf("PickByKey: %v", err)
+	}
+
+	plain := startServer(t, testConfig(t, pingBackend(t).URL))
+	if plain.bal.KeyAffinity() {
+		t.Error("no AffinityHeader, but the balancer builds a key ring")
+	}
+
+	cfg = testConfig(t)
+	cfg.AffinityHeader, cfg.AffinityEpsilon = "Mcp-Param-Workspace", -1
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "epsilon") {
+		t.Errorf("New with ε = -1: %v, want an epsilon error", err)
+	}
+}
