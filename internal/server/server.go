@@ -388,8 +388,9 @@ func (s *Server) Run(ctx context.Context) error {
 	go s.proxy.RunLoadSync(bgCtx, loadSyncInterval)
 
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- s.client.Serve(s.clientLn) }()
-	go func() { serveErr <- s.admin.Serve(s.adminLn) }()
+	var serving sync.WaitGroup
+	serving.Go(func() { serveErr <- s.client.Serve(s.clientLn) })
+	serving.Go(func() { serveErr <- s.admin.Serve(s.adminLn) })
 	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(),
 		"balancer", s.cfg.Balancer, "store", s.storeName(), "tracing", cmp.Or(s.tracing.Exporter, "off"))
 
@@ -414,6 +415,13 @@ func (s *Server) Run(ctx context.Context) error {
 	s.ready.Store(false)
 	s.log.Info("shutting down", "grace", s.cfg.ShutdownGrace.String())
 	s.shutdown()
+	// Shutdown closes only the listeners Serve has begun to track: a Run
+	// that ends at once (discovery failing at the start) may get here
+	// before its Serve goroutines ran. Closing them here, and waiting for
+	// Serve to return, means nothing accepts once Run has returned.
+	s.clientLn.Close()
+	s.adminLn.Close()
+	serving.Wait()
 	stopBackground()
 	if err := s.store.Close(); err != nil {
 		s.log.Warn("session store close", "err", err)
