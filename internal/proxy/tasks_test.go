@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
 
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/taskbackend"
 )
 
 // The responses below are SEP-2663's examples (seps/2663-tasks-extension.md
@@ -181,6 +184,9 @@ func readWatched(t *testing.T, body string, sse bool, chunk int) (string, []task
 
 // Parsing a creation costs one allocation: the task id.
 func TestParseTaskResponseAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
 	body := []byte(taskResponseTests[0].body)
 	if n := testing.AllocsPerRun(100, func() {
 		if _, _, ok := parseTaskResponse(body); !ok {
@@ -220,4 +226,45 @@ func FuzzScanTaskResultMatchesEncodingJSON(f *testing.F) {
 			t.Errorf("scan %+v %v, encoding/json %+v %v for %s", fast, okFast, slow, okSlow, s)
 		}
 	})
+}
+
+// The reference tasks backend's own answers, JSON and SSE, read through
+// watchTasks: the id reported is the one the backend polls by.
+func TestWatchTasksReferenceBackend(t *testing.T) {
+	for _, sse := range []bool{false, true} {
+		backend := taskbackend.New("b1", taskbackend.Options{SSE: sse, TTL: 90 * time.Second})
+		srv := httptest.NewServer(backend)
+		t.Cleanup(srv.Close)
+		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"work","arguments":{"ms":-1},"_meta":{` +
+			`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}`
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "work")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isEventStream(resp) != sse {
+			t.Fatalf("SSE %v: Content-Type %q", sse, resp.Header.Get("Content-Type"))
+		}
+		var calls []taskCreation
+		w := watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) { calls = append(calls, tc) })
+		if _, err := io.Copy(io.Discard, w); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		if len(calls) != 1 || calls[0].TTL != 90*time.Second {
+			t.Fatalf("SSE %v: reported %+v, want one task with a 90s TTL", sse, calls)
+		}
+		c := &taskbackend.Client{URL: srv.URL}
+		if got, err := c.GetTask(t.Context(), calls[0].ID); err != nil || got.Status != "working" {
+			t.Errorf("SSE %v: polling the reported id: %+v, %v", sse, got, err)
+		}
+	}
 }
