@@ -3,6 +3,8 @@ package session_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -387,5 +389,46 @@ func TestRedisTaskHostileReplies(t *testing.T) {
 				t.Errorf("error %v, want ErrUnavailable", err)
 			}
 		})
+	}
+}
+
+// Concurrent puts, reads and deletes over several shards keep the bound
+// and never return another task's record.
+func TestMemoryTasksConcurrent(t *testing.T) {
+	const maxTasks, workers, perWorker = 4096, 4, 3000
+	m := session.NewMemory(session.MemoryOptions{MaxTasks: maxTasks})
+	t.Cleanup(func() { m.Close() })
+	ctx := t.Context()
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := range perWorker {
+				id := strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				r := task(id, time.Hour)
+				r.BackendID = "pod-" + id
+				if err := m.PutTask(ctx, r); err != nil {
+					errs <- err
+					return
+				}
+				got, err := m.GetTask(ctx, id)
+				if err == nil && got.BackendID != r.BackendID {
+					errs <- fmt.Errorf("task %s: got backend %s", id, got.BackendID)
+					return
+				}
+				if i%3 == 0 {
+					m.DeleteTask(ctx, id) // may race an eviction: either way it is gone
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 8,000 tasks outlive their deletes: the bound was reached.
+	if st := m.Stats(); st.Tasks > maxTasks || st.EvictedMaxTasks == 0 {
+		t.Errorf("%d task records held and %d evicted, bound %d", st.Tasks, st.EvictedMaxTasks, maxTasks)
 	}
 }

@@ -230,3 +230,25 @@ func TestEncodeHeaderValue(t *testing.T) {
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 func urlOf(c *taskbackend.Client) string { return c.URL }
+
+// A started backend serves on its address until killed; its tasks die
+// with it.
+func TestStartAndKill(t *testing.T) {
+	b, err := taskbackend.Start("b2", "127.0.0.1:0", taskbackend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Kill)
+	c := &taskbackend.Client{URL: b.URL() + "/mcp"}
+	task, err := c.CreateTask(t.Context(), "work", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetTask(t.Context(), task.TaskID); err != nil || got.Text() != "done by b2" {
+		t.Fatalf("tasks/get: %+v, %v", got, err)
+	}
+	b.Kill()
+	if _, err := c.GetTask(t.Context(), task.TaskID); err == nil {
+		t.Error("a killed backend answered")
+	}
+}
