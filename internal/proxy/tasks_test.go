@@ -6,11 +6,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/taskbackend"
 )
@@ -232,24 +236,10 @@ func FuzzScanTaskResultMatchesEncodingJSON(f *testing.F) {
 // watchTasks: the id reported is the one the backend polls by.
 func TestWatchTasksReferenceBackend(t *testing.T) {
 	for _, sse := range []bool{false, true} {
-		backend := taskbackend.New("b1", taskbackend.Options{SSE: sse, TTL: 90 * time.Second})
+		backend := taskbackend.New("b1", taskbackend.Options{SSE: sse, TTL: 90 * time.Second, WorkFor: -1})
 		srv := httptest.NewServer(backend)
 		t.Cleanup(srv.Close)
-		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"work","arguments":{"ms":-1},"_meta":{` +
-			`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}`
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
-		req.Header.Set("Mcp-Method", "tools/call")
-		req.Header.Set("Mcp-Name", "work")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := postToolsCall(t, srv.URL)
 		if isEventStream(resp) != sse {
 			t.Fatalf("SSE %v: Content-Type %q", sse, resp.Header.Get("Content-Type"))
 		}
@@ -267,4 +257,103 @@ func TestWatchTasksReferenceBackend(t *testing.T) {
 			t.Errorf("SSE %v: polling the reported id: %+v, %v", sse, got, err)
 		}
 	}
+}
+
+// The pieces of task affinity end to end, short of the routing itself:
+// 100 tasks created on 3 reference backends, each recorded by one
+// replica's Redis store from inside the response read, are found by
+// another replica's store and polled and cancelled on the backend the
+// record names, with no request reaching a backend that lacks the task.
+func TestTaskRecordsAcrossReplicas(t *testing.T) {
+	rs := redistest.Start(t)
+	replica := func() *session.Redis {
+		opt, err := redis.ParseURL(rs.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := session.NewRedis(session.RedisOptions{Client: session.NewRedisClient(opt, time.Second), Timeout: time.Second})
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	creator, poller := replica(), replica()
+	var backends []*taskbackend.Backend
+	byID := map[string]*taskbackend.Backend{}
+	for i := range 3 {
+		b, err := taskbackend.Start("b"+strconv.Itoa(i), "127.0.0.1:0", taskbackend.Options{WorkFor: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Kill)
+		backends = append(backends, b)
+		byID["pod-"+b.Name()] = b
+	}
+	ctx := t.Context()
+	const principal = "v1:principal"
+	var created []string
+	for i := range 100 {
+		b := backends[i%3]
+		resp := postToolsCall(t, b.URL())
+		var putErr error
+		recorded := false
+		body := watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) {
+			recorded = true
+			putErr = creator.PutTask(ctx, session.TaskRecord{TaskID: tc.ID, BackendID: "pod-" + b.Name(), BackendURL: b.URL(), Principal: principal, TTL: tc.TTL})
+		})
+		var res struct {
+			Result taskbackend.Task `json:"result"`
+		}
+		if err := json.NewDecoder(body).Decode(&res); err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, body)
+		body.Close()
+		if !recorded || putErr != nil {
+			t.Fatalf("task %d: recorded %v, %v", i, recorded, putErr)
+		}
+		created = append(created, res.Result.TaskID)
+	}
+	for _, id := range created {
+		rec, err := poller.GetTask(ctx, id)
+		if err != nil {
+			t.Fatalf("task %s: %v", id, err)
+		}
+		b := byID[rec.BackendID]
+		if b == nil || rec.Principal != principal || rec.TTL != time.Hour {
+			t.Fatalf("task %s: record %+v", id, rec)
+		}
+		c := &taskbackend.Client{URL: b.URL()}
+		if got, err := c.GetTask(ctx, id); err != nil || got.Status != "working" {
+			t.Fatalf("task %s on %s: %+v, %v", id, b.Name(), got, err)
+		}
+		if err := c.CancelTask(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range backends {
+		if b.Created() != 34 && b.Created() != 33 || b.UnknownTaskRequests() != 0 {
+			t.Errorf("%s: created %d, requests for tasks it lacks %d", b.Name(), b.Created(), b.UnknownTaskRequests())
+		}
+	}
+}
+
+// postToolsCall sends a task-augmented tools/call of the work tool.
+func postToolsCall(t *testing.T, url string) *http.Response {
+	t.Helper()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"work","arguments":{},"_meta":{` +
+		`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}`
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/call")
+	req.Header.Set("Mcp-Name", "work")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
 }
