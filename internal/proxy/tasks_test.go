@@ -357,3 +357,41 @@ func postToolsCall(t *testing.T, url string) *http.Response {
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp
 }
+
+// BenchmarkWatchTasks is the cost the watcher adds to a task-capable
+// tools/call response, a creation (JSON body, SSE stream) or an ordinary
+// result.
+func BenchmarkWatchTasks(b *testing.B) {
+	creation := `{"jsonrpc":"2.0","id":2,"result":{"resultType":"task","taskId":"786512e2-9e0d-44bd-8f29-789f320fe840","status":"working","createdAt":"2025-11-25T10:30:00Z","lastUpdatedAt":"2025-11-25T10:50:00Z","ttlMs":3600000,"pollIntervalMs":5000}}`
+	plain := `{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"` + strings.Repeat("x", 2000) + `"}],"isError":false}}`
+	for _, bc := range []struct {
+		name string
+		sse  bool
+		body string
+	}{
+		{"json creation", false, creation},
+		{"sse creation", true, "id: 1\nevent: message\ndata: " + creation + "\n\n"},
+		{"json ordinary result", false, plain},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			buf := make([]byte, 32<<10)
+			src := strings.NewReader(bc.body)
+			found := 0
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.body)))
+			for b.Loop() {
+				src.Reset(bc.body)
+				w := watchTasks(io.NopCloser(src), bc.sse, func(taskCreation) { found++ })
+				for {
+					if _, err := w.Read(buf); err != nil {
+						break
+					}
+				}
+				w.Close()
+			}
+			if strings.Contains(bc.body, `"task"`) && found == 0 {
+				b.Fatal("no task found")
+			}
+		})
+	}
+}
