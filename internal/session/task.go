@@ -203,6 +203,11 @@ func (m *Memory) SweepTasks(now time.Time) int {
 	n := 0
 	for i := range m.tasks.shards {
 		s := &m.tasks.shards[i]
+		// Look under the read lock first: most sweeps find nothing, and then
+		// they never block GetTask.
+		if !anyTaskExpired(s, now) {
+			continue
+		}
 		s.mu.Lock()
 		for _, e := range s.m {
 			if !now.Before(e.val.rec.Expires()) {
@@ -213,4 +218,15 @@ func (m *Memory) SweepTasks(now time.Time) int {
 		s.mu.Unlock()
 	}
 	return n
+}
+
+func anyTaskExpired(s *tableShard[taskEntry], now time.Time) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, e := range s.m {
+		if !now.Before(e.val.rec.Expires()) {
+			return true
+		}
+	}
+	return false
 }
