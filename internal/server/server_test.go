@@ -248,6 +248,11 @@ func TestStoreBoundsAndEvictionMetric(t *testing.T) {
 	if len(expired) != 1 || expired[0] != "a" {
 		t.Errorf("evicted %v, want [a]", expired)
 	}
+	for _, id := range []string{"t1", "t2"} {
+		if err := store.(session.TaskStore).PutTask(context.Background(), session.TaskRecord{TaskID: id, BackendID: "pod-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m := telemetry.NewMetrics(telemetry.MetricsOptions{Store: func() telemetry.StoreStat { return StoreStats(store) }})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -257,6 +262,8 @@ func TestStoreBoundsAndEvictionMetric(t *testing.T) {
 		`tether_session_evictions_total{reason="max_init_bytes"} 0`,
 		"tether_session_records 2",
 		"tether_session_init_bytes 2",
+		"tether_task_records 2",
+		"tether_task_evictions_total 0",
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)

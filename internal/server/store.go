@@ -70,6 +70,7 @@ func StoreStats(store session.Store) telemetry.StoreStat {
 		return telemetry.StoreStat{
 			Sessions: st.Sessions, InitBytes: st.InitBytes,
 			EvictedMaxSessions: st.EvictedMaxSessions, EvictedMaxInitBytes: st.EvictedMaxInitBytes,
+			TaskRecords: st.Tasks, EvictedMaxTasks: st.EvictedMaxTasks,
 		}
 	case *session.Cache:
 		st := s.Stats()

@@ -41,6 +41,9 @@ type Memory struct {
 	onEvict    func(reason string)
 
 	tab *table[memEntry]
+	// tasks are the task records (see TaskRecord), bounded by MaxTasks.
+	tasks       *table[taskEntry]
+	onTaskEvict func()
 
 	closeOnce sync.Once
 	stop      chan struct{} // closed by Close
@@ -78,6 +81,11 @@ type MemoryOptions struct {
 	// EvictMaxInitBytes), e.g. to count evictions in a metric. OnChange
 	// hears of the record's expiry too.
 	OnEvict func(reason string)
+	// MaxTasks bounds the task records held; default DefaultMaxTasks.
+	MaxTasks int
+	// OnTaskEvict, if set, is called (outside any lock) for each task
+	// record evicted at MaxTasks.
+	OnTaskEvict func()
 }
 
 // memEntry is a table entry of the memory store. The record pointer is
@@ -126,19 +134,25 @@ func NewMemory(opts MemoryOptions) *Memory {
 		maxBytes = DefaultMaxInitBytes
 	}
 	m := &Memory{
-		ttl:        ttl,
-		touchEvery: ttl / 10,
-		sweepEvery: sweep,
-		now:        now,
-		onChange:   opts.OnChange,
-		onEvict:    opts.OnEvict,
-		stop:       make(chan struct{}),
-		done:       make(chan struct{}),
+		ttl:         ttl,
+		touchEvery:  ttl / 10,
+		sweepEvery:  sweep,
+		now:         now,
+		onChange:    opts.OnChange,
+		onEvict:     opts.OnEvict,
+		onTaskEvict: opts.OnTaskEvict,
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	m.tab = newTable(maxLen, maxBytes,
 		func(e *memEntry, now int64) bool { return m.expired(e.rec.Load(), time.Unix(0, now)) },
 		func(e *memEntry) string { return e.rec.Load().ClientSID },
 		func(e *memEntry) []byte { return e.rec.Load().Init })
+	maxTasks := int64(opts.MaxTasks)
+	if maxTasks <= 0 {
+		maxTasks = DefaultMaxTasks
+	}
+	m.tasks = newTaskTable(maxTasks)
 	go m.sweepLoop()
 	return m
 }
@@ -152,7 +166,9 @@ func (m *Memory) sweepLoop() {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.Sweep(m.now())
+			now := m.now()
+			m.Sweep(now)
+			m.SweepTasks(now)
 		}
 	}
 }
@@ -439,6 +455,10 @@ type MemoryStats struct {
 	DistinctInits int   // distinct initialize bodies held
 	// Evictions are records evicted to respect a bound, by bound.
 	EvictedMaxSessions, EvictedMaxInitBytes int64
+	// Tasks are the task records held (expired ones not yet swept
+	// included); EvictedMaxTasks those evicted at MaxTasks.
+	Tasks           int
+	EvictedMaxTasks int64
 }
 
 // Stats returns a snapshot of what the store holds.
@@ -449,6 +469,8 @@ func (m *Memory) Stats() MemoryStats {
 		DistinctInits:       m.tab.bodies.distinct(),
 		EvictedMaxSessions:  m.tab.evictedLen.Load(),
 		EvictedMaxInitBytes: m.tab.evictedBytes.Load(),
+		Tasks:               m.tasks.len(),
+		EvictedMaxTasks:     m.tasks.evictedLen.Load(),
 	}
 }
 

@@ -50,6 +50,11 @@ type StoreStat struct {
 	// UnflushedAtClose: records kept during an outage that Close could not
 	// write.
 	SlowReplies, Recoveries, WrittenBack, Collisions, UnflushedAtClose int64
+	// TaskRecords are the task records held in this process (memory store;
+	// with Redis they live in Redis only); EvictedMaxTasks those evicted at
+	// the store's bound.
+	TaskRecords     int
+	EvictedMaxTasks int64
 }
 
 // MetricsOptions wires the scrape-time views.
@@ -275,6 +280,8 @@ var (
 	writtenBackDesc = prometheus.NewDesc("tether_store_written_back_records_total", "Cached session records written back to Redis after it lost its data.", nil, nil)
 	collisionsDesc  = prometheus.NewDesc("tether_store_pending_collisions_total", "Session records kept locally during an outage whose id another session took in Redis meanwhile (dropped).", nil, nil)
 	unflushedDesc   = prometheus.NewDesc("tether_store_unflushed_at_close_total", "Session records kept during an outage that could not be written at shutdown (lost).", nil, nil)
+	taskRecordsDesc = prometheus.NewDesc("tether_task_records", "Task records (task id to backend) held in this process (memory store; with Redis they live in Redis).", nil, nil)
+	taskEvictsDesc  = prometheus.NewDesc("tether_task_evictions_total", "Task records evicted (least recently used) at the memory store's bound of 100,000.", nil, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -282,7 +289,7 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- cacheMissesDesc
 	ch <- pendingDesc
 	ch <- unwrittenDesc
-	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc} {
+	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc, taskRecordsDesc, taskEvictsDesc} {
 		ch <- d
 	}
 }
@@ -302,6 +309,8 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(writtenBackDesc, prometheus.CounterValue, float64(s.WrittenBack))
 	ch <- prometheus.MustNewConstMetric(collisionsDesc, prometheus.CounterValue, float64(s.Collisions))
 	ch <- prometheus.MustNewConstMetric(unflushedDesc, prometheus.CounterValue, float64(s.UnflushedAtClose))
+	ch <- prometheus.MustNewConstMetric(taskRecordsDesc, prometheus.GaugeValue, float64(s.TaskRecords))
+	ch <- prometheus.MustNewConstMetric(taskEvictsDesc, prometheus.CounterValue, float64(s.EvictedMaxTasks))
 }
 
 // LimitRejected counts one request refused by the named limit.
