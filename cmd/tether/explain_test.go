@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,8 +55,7 @@ func startExplainFixture(t *testing.T, transport *mcp.StreamableClientTransport)
 	}
 	urls := testkit.URLs(started)
 	f.s = startServerPrepared(t, nil, func(sc *server.Config) {
-		sc.Transport = proxy.NewTransport(sc.BackendH2C)
-		sc.Transport.DialContext = f.backendConns.dialer(sc.Transport.DialContext)
+		sc.Transport = proxy.NewTransportDial(sc.BackendH2C, f.backendConns.dialer(proxy.DialBackend))
 		sc.WrapHandler = func(handler http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Method != http.MethodGet {
@@ -137,6 +138,16 @@ type countedConn struct {
 	release func()
 }
 
+// SyscallConn passes the socket through, as tether's client peeks at it
+// before writing into a pooled connection.
+func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
+
 func (c *countedConn) Close() error {
 	c.once.Do(c.release)
 	return c.Conn.Close()
@@ -213,17 +224,16 @@ func TestExplainAfterReinitialization(t *testing.T) {
 	sid := f.cs.ID()
 	from, to := f.home, f.other()
 	from.Kill(200 * time.Millisecond) // as a terminating pod (see the report on Kill(0))
-	// The killed backend has closed its connections; wait until tether's
-	// pool has seen each close. A request that reused a connection whose
-	// FIN tether had not processed yet would fail after it was sent (issue
-	// 10, item 11): a race of its own, not what this test is about. The
-	// next request dials, is refused, and moves the session.
-	testkit.Eventually(t, 10*time.Second, func() bool { return f.backendConns.open(from.Addr) == 0 }, "tether's connections to the killed backend closed")
+	// The killed backend has closed its connections. tether's client
+	// looks at a pooled connection before writing into it, so the next
+	// request closes those connections unused, dials, is refused, and
+	// moves the session.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if name, err := mcpbackend.Whoami(ctx, f.cs); err != nil || name != to.Name {
 		t.Fatalf("after the kill: %q, %v; want %s", name, err, to.Name)
 	}
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.backendConns.open(from.Addr) == 0 }, "tether's connections to the killed backend closed")
 	f.settle(t)
 
 	code, out, errOut := runCLI("explain", sid, "--admin", f.admin)

@@ -133,7 +133,7 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 		}
 		// Set, the transport can send the request again on another
 		// connection when the first one turns out dead before a byte left
-		// (errStaleConn, retryUnread).
+		// (client, retryUnread).
 		out.GetBody = x.getBody
 		out.ContentLength = int64(len(body))
 		h.Del("Content-Length") // the transport writes it from ContentLength

@@ -216,7 +216,7 @@ func TestMetricsAfterScriptedTraffic(t *testing.T) {
 // the backend closes it fails with EOF and is not retried (the backend may
 // have read it): a race of HTTP/1.1 keep-alive that these tests are not
 // about.
-func forgetPooledConns(tr *http.Transport) { tr.CloseIdleConnections() }
+func forgetPooledConns(tr proxy.BackendTransport) { tr.CloseIdleConnections() }
 
 // The degraded gauge follows Redis: 0, 1 while it is down, 0 again; store
 // round trips and their errors are counted by operation.

@@ -1,173 +1,83 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"time"
 )
 
-// NewTransport returns the transport tether uses for backends: keep-alive
-// pools sized for a proxy (the default of 2 idle connections per host makes
-// connection churn dominate), no environment proxies, no transparent
-// compression. With h2c, backends are spoken to in HTTP/2 by prior knowledge.
-//
-// Over HTTP/1.1 a pooled connection refuses to carry a new request once the
-// backend has closed it (see backendConn), so a request is never written
-// into a connection whose backend just crashed: net/http retries it on a
-// fresh connection, whose dial fails like any dial to a dead backend.
-func NewTransport(h2c bool) *http.Transport {
-	dialer := &net.Dialer{
-		Timeout:   2 * time.Second,
-		KeepAlive: 30 * time.Second,
-	}
-	return newTransport(h2c, dialer.DialContext)
+// BackendTransport is what the proxy sends backend requests through: the
+// HTTP/1.1 client of this package, or http.Transport for h2c.
+type BackendTransport interface {
+	http.RoundTripper
+	CloseIdleConnections()
 }
 
-// newTransport is NewTransport over the given dial function (tests put a
+// DialBackend dials backends: a dead one fails fast, and kernel keep-alives
+// find peers that vanished without a FIN.
+var DialBackend = (&net.Dialer{
+	Timeout:   2 * time.Second,
+	KeepAlive: 30 * time.Second,
+}).DialContext
+
+// NewTransport returns the transport tether uses for backends: keep-alive
+// pools sized for a proxy (up to 256 idle connections per backend, 1,024 in
+// all, closed after 90 s idle), no environment proxies, no transparent
+// compression. Over HTTP/1.1 it is tether's own client (see client), which
+// writes and reads on the caller's goroutine. With h2c, backends are spoken
+// to in HTTP/2 by prior knowledge, by http.Transport.
+//
+// A pooled connection is not used once the backend has closed it, so a
+// request is never written into a connection whose backend just crashed:
+// it is sent on a fresh connection, whose dial fails like any dial to a
+// dead backend.
+func NewTransport(h2c bool) BackendTransport {
+	return NewTransportDial(h2c, DialBackend)
+}
+
+// NewTransportDial is NewTransport over the given dial function (tests put a
 // connection of their own between the transport and the socket).
-func newTransport(h2c bool, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
-	t := &http.Transport{
+func NewTransportDial(h2c bool, dial func(ctx context.Context, network, addr string) (net.Conn, error)) BackendTransport {
+	if !h2c {
+		return newClient(dial)
+	}
+	return newH2CTransport(dial)
+}
+
+// newH2CTransport is an http.Transport with NewTransport's limits that
+// speaks HTTP/2 by prior knowledge.
+//
+// No stale-connection check here. A backend that shuts down sends GOAWAY
+// naming the last stream it took, and http2 retries later streams itself
+// (errClientConnGotGoAway, with the body from GetBody, which the forward
+// path sets on every request with a body; see TestBackendGracefulKillLoopH2C).
+// A crashed backend sends no GOAWAY, and a stream
+// written before http2's reader sees the FIN still fails; but refusing the
+// write would not help: http2 keeps the first write error for every stream
+// of the connection and retries none of them.
+func newH2CTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+	t := newHTTPTransport(dial)
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	t.Protocols = &protos
+	return t
+}
+
+// newHTTPTransport is an http.Transport with NewTransport's limits.
+func newHTTPTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         dial,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
+		MaxIdleConns:        maxIdleConns,
+		MaxIdleConnsPerHost: maxIdleConnsPerBackend,
+		IdleConnTimeout:     idleConnTimeout,
 		DisableCompression:  true,
 		// Tool calls may run for minutes; the client's context bounds them.
 		ResponseHeaderTimeout: 0,
 	}
-	if h2c {
-		var protos http.Protocols
-		protos.SetUnencryptedHTTP2(true)
-		t.Protocols = &protos
-		// No check here. A backend that shuts down sends GOAWAY naming the
-		// last stream it took, and http2 retries later streams itself
-		// (errClientConnGotGoAway, with the body from GetBody, which
-		// rewrite sets on every request with a body; see
-		// TestBackendGracefulKillLoopH2C). A crashed backend sends no
-		// GOAWAY, and a stream written before http2's reader sees the FIN
-		// still fails; but refusing the write would not help: http2 keeps
-		// the first write error for every stream of the connection and
-		// retries none of them.
-		return t
-	}
-	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return newBackendConn(c), nil
-	}
-	return t
-}
-
-// newBackendConn wraps c when its socket can be probed, and returns c as
-// it is otherwise (other platforms, connections without a file descriptor).
-func newBackendConn(c net.Conn) net.Conn {
-	bc := &backendConn{Conn: c}
-	if !bc.probe.init(c) {
-		return c
-	}
-	return bc
-}
-
-// errStaleConn is what a pooled connection answers to the first write of a
-// request once the backend has closed it, reset it, or sent bytes nobody
-// asked for (a server about to close an idle connection, e.g. with a 408).
-// Nothing has been written, so net/http returns its nothingWrittenError and,
-// for a reused connection and a request whose body can be replayed (tether
-// sets GetBody), sends the request again on another connection.
-var errStaleConn = errors.New("backend closed the idle connection before the request was written")
-
-// backendConn is an HTTP/1.1 connection to a backend that checks, before
-// the first write of each request, whether the backend is still there.
-//
-// A keep-alive connection sits in the pool while the transport's readLoop
-// waits on it. When the backend dies, its FIN (or RST) reaches the socket
-// at once, but the readLoop learns of it only when the scheduler runs it
-// (milliseconds on a busy machine). A request taken from the pool in that
-// window would be written into the dead socket; its write succeeds, the
-// read then fails, and a POST is not retried because net/http cannot know
-// the backend never saw it. Here it can be known: the backend closed before
-// a byte of the request left, so the request was never processed.
-//
-// The check peeks at the socket without consuming anything and without the
-// fd's read lock, which the readLoop holds while it waits (see peerGone).
-// It costs one non-blocking syscall per request and allocates nothing.
-//
-// It also tells which connection resets leave the request unread (see
-// unreadRequestError).
-type backendConn struct {
-	net.Conn
-	probe stateProbe
-	// unanswered is set when a request starts and cleared by the first
-	// byte read after it. Writes come from the transport's writeLoop and
-	// reads from its readLoop, hence the atomic.
-	unanswered atomic.Bool
-	// written is cleared when a request starts and set once its first
-	// write has returned: a FIN read before then says nothing yet of where
-	// the request went (see awaitWritten).
-	written atomic.Bool
-}
-
-// Write refuses the first write of a request on a connection the backend
-// has left; every other write goes straight through.
-func (c *backendConn) Write(p []byte) (int, error) {
-	if startsRequest(p) {
-		if c.probe.peerGone() {
-			return 0, errStaleConn
-		}
-		// Before the write: the answer may be read before Write returns.
-		c.written.Store(false)
-		c.unanswered.Store(true)
-		n, err := c.Conn.Write(p)
-		c.written.Store(true)
-		return n, err
-	}
-	return c.Conn.Write(p)
-}
-
-// Read marks a reset that arrives before any byte of the answer.
-func (c *backendConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		if c.unanswered.Load() {
-			c.unanswered.Store(false)
-		}
-	} else if err != nil && c.unanswered.Load() {
-		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && c.awaitWritten() && c.probe.resetFollows()) {
-			return n, &unreadRequestError{err}
-		}
-	}
-	return n, err
-}
-
-// maxWriteWait bounds how long an EOF in place of an answer waits for the
-// request's write to return. The readLoop can see the backend's FIN before
-// the transport's writeLoop, on a loaded machine, has even written the
-// request; the reset that tells "unread" from "read" follows that write.
-const maxWriteWait = time.Second
-
-// awaitWritten waits until the current request's first write has returned
-// (at most maxWriteWait), so that a reset it provokes can be seen; it
-// reports false when the write never returned in time.
-func (c *backendConn) awaitWritten() bool {
-	pause := 50 * time.Microsecond
-	for deadline := time.Now().Add(maxWriteWait); !c.written.Load(); {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pause)
-		pause = min(2*pause, 2*time.Millisecond)
-	}
-	return true
 }
 
 // unreadRequestError is a connection reset that came, instead of any byte
@@ -210,7 +120,10 @@ func isUnread(err error) bool {
 // the writeLoop. The backend closed before the request could reach it, so
 // the request was never processed. net/http itself retries only idempotent
 // requests on it; tether sends its POSTs again too (seen with SIGKILLed
-// backends on a loaded node: 1 call in 50 crashes).
+// backends on a loaded node: 1 call in 50 crashes). It comes from an
+// http.Transport given in Config.Transport; tether's own client sees such
+// a close by peeking at the socket before the write, and moves on to
+// another connection.
 func closedWhileIdle(err error) bool {
 	return err != nil && strings.HasSuffix(err.Error(), "http: server closed idle connection")
 }
@@ -248,46 +161,4 @@ func (r retryUnread) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err = r.next.RoundTrip(req)
 	}
 	return resp, err
-}
-
-// maxMethodLen bounds the scan for the method of a request line; HTTP
-// methods in use are far shorter.
-const maxMethodLen = 24
-
-// startsRequest reports whether p begins an HTTP/1.1 request: a method
-// token, a space, a target and " HTTP/1.1\r\n". net/http writes each request
-// through a buffer that it flushes at the end, so the first write of a
-// request on the socket holds at least its whole request line, while later
-// writes of the same request continue its body. Checking the line rather
-// than "bytes were read since the last write" keeps a body write that
-// follows an early response (a 401 or 413 sent before the body was read)
-// from being mistaken for a new request. A JSON body cannot contain such a
-// line: a raw CR LF may not appear inside a JSON string.
-func startsRequest(p []byte) bool {
-	sp := bytes.IndexByte(p[:min(len(p), maxMethodLen+1)], ' ')
-	if sp <= 0 {
-		return false
-	}
-	for _, b := range p[:sp] {
-		if !isTokenByte(b) {
-			return false
-		}
-	}
-	eol := bytes.Index(p[sp:], crlf)
-	return eol >= 0 && bytes.HasSuffix(p[sp:sp+eol], httpVersion)
-}
-
-var (
-	crlf        = []byte("\r\n")
-	httpVersion = []byte(" HTTP/1.1")
-)
-
-// isTokenByte reports whether b may appear in an HTTP token (RFC 9110
-// 5.6.2), which a method is.
-func isTokenByte(b byte) bool {
-	switch {
-	case 'A' <= b && b <= 'Z', 'a' <= b && b <= 'z', '0' <= b && b <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
 }

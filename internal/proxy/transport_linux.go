@@ -14,8 +14,8 @@ type stateProbe struct {
 	// peek is p.peekFD, bound once per connection: RawConn.Control takes a
 	// func, and a method value made per call would allocate.
 	peek func(fd uintptr)
-	// gone is peekFD's answer. Only the transport's writeLoop writes to an
-	// HTTP/1.1 connection, so one probe runs at a time.
+	// gone is peekFD's answer. A connection carries one request at a
+	// time, so one probe runs at a time.
 	gone bool
 }
 
@@ -35,8 +35,8 @@ func (p *stateProbe) init(c net.Conn) bool {
 // peerGone reports whether the backend has closed or reset the connection,
 // or has sent bytes that nobody asked for, so that no request may start on
 // it. It runs inside RawConn.Control, which only pins the fd; RawConn.Read
-// would wait for the fd's read lock, which the transport's readLoop holds
-// while it waits for the backend.
+// would wait for the fd's read lock, which a reader parked on the
+// connection would hold while it waits for the backend.
 func (p *stateProbe) peerGone() bool {
 	p.gone = false
 	if p.raw.Control(p.peek) != nil {

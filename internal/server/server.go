@@ -154,7 +154,7 @@ type Config struct {
 
 	// Transport, when set, is the proxy's connection pool to the backends
 	// (a test counts its dials); nil is proxy.NewTransport(BackendH2C).
-	Transport *http.Transport
+	Transport proxy.BackendTransport
 	// WrapHandler, when set, wraps the client listener's handler (a test
 	// observes the requests tether has finished).
 	WrapHandler func(http.Handler) http.Handler
@@ -189,7 +189,7 @@ type Server struct {
 	metrics *telemetry.Metrics
 	tracing *telemetry.Tracing
 	// transport is the proxy's connection pool to the backends.
-	transport *http.Transport
+	transport proxy.BackendTransport
 	store     session.Store
 	proxy     *proxy.Proxy
 

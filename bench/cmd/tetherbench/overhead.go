@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,7 +37,9 @@ type overheadTarget struct {
 	Requests  int // sent during the fixed-rate runs
 	ProxyRSS  int64
 	BackRSS   int64
-	Misrouted int // sessions whose follow-up reached another backend
+	IdleRSS   int64   // KiB, the proxy's processes before any request
+	Syscalls  float64 // per sequential follow-up (strace -c -f), 0 when not measured
+	Misrouted int     // sessions whose follow-up reached another backend
 	// RoundP99 is p99 of each fixed-rate round; AddedP99 is the median over
 	// rounds of (this target's p99 − direct's p99 in the same round), which
 	// a single noisy round cannot swing.
@@ -58,6 +61,16 @@ type overheadResult struct {
 	HashWrong  int // nginx `hash $http_mcp_session_id consistent`: follow-ups answered 404
 	HashTotal  int
 	ProfileTop string
+
+	// OwnAllocs is tether's allocations per sticky follow-up, AllAllocs
+	// the same with the test harness's (TestFollowUpAllocations).
+	OwnAllocs, AllAllocs int
+	// ManyRSS is tether's RSS in MiB with ManySessions live sessions in
+	// its memory store (hack/sessionmem), 0 when not measured.
+	ManyRSS      float64
+	ManySessions int
+	// Notes says which of the per-request figures could not be measured.
+	Notes []string
 }
 
 func (o *overheadResult) target(name string) *overheadTarget {
@@ -129,6 +142,11 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		{Name: "tether (Redis)", base: tredURL, procs: []*proc{tred, redis}, Note: "tether serve --redis-url; redis-server's CPU and RSS included"},
 		{Name: "nginx", base: ngxURL, procs: []*proc{ngx}, Note: "map from the session id's backend prefix to per-backend upstreams, keepalive 64"},
 		{Name: "HAProxy", base: hapURL, procs: []*proc{hap}, Note: "stick table learning the id from the response"},
+	}
+	for _, t := range res.Targets {
+		if len(t.procs) > 0 {
+			t.IdleRSS = treeUsage(procPids(t.procs)...).RSSKiB
+		}
 	}
 	httpc := newClient()
 	for _, t := range res.Targets {
@@ -212,10 +230,7 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 	}
 	for round := range cfg.rounds {
 		for _, t := range res.Targets {
-			var pids []int
-			for _, p := range t.procs {
-				pids = append(pids, p.pid())
-			}
+			pids := procPids(t.procs)
 			pb, bb := treeUsage(pids...), treeUsage(backends.pid())
 			r := attack(ctx, followUpTargeter(t.sessions), res.FixedRate, cfg.fixed, 2000)
 			pa, ba := treeUsage(pids...), treeUsage(backends.pid())
@@ -244,6 +259,7 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 			t.AddedP99 = added[len(added)/2]
 		}
 	}
+	perRequestCosts(ctx, env, res)
 	if env.profile {
 		top, err := profileTether(ctx, env, urls, res.target("tether (memory)").MaxRate, cfg.profile, cfg.sessions)
 		if err != nil {
@@ -252,6 +268,60 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		res.ProfileTop = top
 	}
 	return res, nil
+}
+
+func procPids(ps []*proc) []int {
+	var pids []int
+	for _, p := range ps {
+		pids = append(pids, p.pid())
+	}
+	return pids
+}
+
+// perRequestCosts measures what the rounds cannot: system calls per
+// follow-up of every proxy, traced in turn over the same sequential load;
+// tether's allocations per follow-up; tether's RSS with many sessions. Each
+// is bounded in time, and one that cannot be measured is noted, not fatal.
+func perRequestCosts(ctx context.Context, env *reportEnv, res *overheadResult) {
+	note := func(format string, a ...any) {
+		msg := fmt.Sprintf(format, a...)
+		env.logf("overhead: %s", msg)
+		res.Notes = append(res.Notes, msg)
+	}
+	if err := ensureTools(env.logf, "strace"); err != nil {
+		note("no syscall counts: %v", err)
+	} else {
+		for _, t := range res.Targets {
+			if len(t.procs) == 0 || ctx.Err() != nil {
+				continue
+			}
+			n, err := syscallsPerRequest(ctx, treePids(procPids(t.procs)...), t.sessions[0], env.logDir, t.Name)
+			if err != nil {
+				note("%s: no syscall count: %v", t.Name, err)
+				continue
+			}
+			t.Syscalls = n
+			env.logf("overhead: %-16s %.1f syscalls per follow-up (strace -c -f, %d sequential)", t.Name, n, straceRequests)
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if own, all, err := tetherAllocs(ctx); err != nil {
+		note("no allocation count: %v", err)
+	} else {
+		res.OwnAllocs, res.AllAllocs = own, all
+		env.logf("overhead: tether allocates %d times per follow-up (%d with the test harness)", own, all)
+	}
+	if env.manySessions > 0 && ctx.Err() == nil {
+		env.logf("overhead: tether with %d sessions (hack/sessionmem)", env.manySessions)
+		if rss, err := tetherSessionsRSS(ctx, env.tether, env.manySessions); err != nil {
+			note("no RSS with %d sessions: %v", env.manySessions, err)
+		} else {
+			res.ManyRSS, res.ManySessions = rss, env.manySessions
+			env.logf("overhead: tether RSS with %d sessions: %.1f MiB", env.manySessions, rss)
+		}
+	}
 }
 
 // hashMisroutes opens n sessions through nginx's consistent hash on the
@@ -333,11 +403,20 @@ func overheadMarkdown(o *overheadResult) string {
 	dcpu := cpuPer1k(d.BackCPU, d.Requests)
 	fmt.Fprintf(&b, "Follow-up `tools/call` (echo) on %d live sessions per target, 3 go-sdk backends in their own process. "+
 		"Latency and CPU at **%.0f req/s** (50%% of direct's max sustainable rate), runs interleaved.\n\n", o.Sessions, o.FixedRate)
-	b.WriteString("| target | max sustainable req/s | × direct | p50 ms | p99 ms | p99.9 ms | p99 added ms (median of rounds) | proxy CPU s/1k req | total CPU / direct | proxy RSS MiB | total RSS / direct | errors |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| target | max sustainable req/s | × direct | p50 ms | p99 ms | p99.9 ms | p99 added ms (median of rounds) | proxy CPU s/1k req | total CPU / direct | proxy RSS MiB | total RSS / direct | idle RSS MiB | RSS MiB at %s sessions | syscalls / req | allocs / req | errors |\n", thousands(o.ManySessions))
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range o.Targets {
 		total := cpuPer1k(t.BackCPU+t.ProxyCPU, t.Requests)
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2f | %s | %.2f | %d |\n",
+		many, allocs := "–", "–"
+		if t.Name == "tether (memory)" {
+			if o.ManyRSS > 0 {
+				many = fmt.Sprintf("%.1f", o.ManyRSS)
+			}
+			if o.AllAllocs > 0 {
+				allocs = fmt.Sprintf("%d (%d with the harness)", o.OwnAllocs, o.AllAllocs)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2f | %s | %.2f | %s | %s | %s | %s | %d |\n",
 			t.Name, t.MaxRate, t.MaxRate/max(d.MaxRate, 1),
 			ms(t.Fixed.P50), ms(t.Fixed.P99), ms(t.Fixed.P999),
 			dashIf(t == d, fmt.Sprintf("%+.2f", ms(t.AddedP99))),
@@ -345,7 +424,18 @@ func overheadMarkdown(o *overheadResult) string {
 			total/dcpu,
 			dashIf(t == d, fmt.Sprintf("%.1f", float64(t.ProxyRSS)/1024)),
 			float64(t.BackRSS+t.ProxyRSS)/float64(max(1, d.BackRSS)),
+			dashIf(t.IdleRSS == 0, fmt.Sprintf("%.1f", float64(t.IdleRSS)/1024)),
+			many,
+			dashIf(t.Syscalls == 0, fmt.Sprintf("%.1f", t.Syscalls)),
+			allocs,
 			t.Fixed.Sent-t.Fixed.OK)
+	}
+	fmt.Fprintf(&b, "\n*Idle RSS*: the proxy's processes after start, before any request. *RSS at %s sessions*: `go run ./hack/sessionmem -tether BIN -sessions %d` (tether's memory store; a minimal MCP responder as the backend). "+
+		"*Syscalls / req*: `strace -c -f` of every process and thread of the proxy during %d sequential follow-ups on one session and one keep-alive connection, after %d untraced ones; nanosleep (the Go runtime's clock-driven sysmon) left out. "+
+		"*Allocs / req*: tether's own path for a sticky follow-up (`go test -run TestFollowUpAllocations -v ./internal/proxy/`; `BenchmarkServeHTTPFollowUp` counts the harness's allocations too).\n",
+		thousands(o.ManySessions), o.ManySessions, straceRequests, straceWarm)
+	for _, n := range o.Notes {
+		fmt.Fprintf(&b, "\nNot measured: %s\n", n)
 	}
 	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it (a failed step is run once more before the search stops):\n\n", dcpu, sloP99)
 	for _, t := range o.Targets {
@@ -353,6 +443,15 @@ func overheadMarkdown(o *overheadResult) string {
 	}
 	fmt.Fprintf(&b, "\nnginx as usually written, `hash $http_mcp_session_id consistent`: **%d of %d** sessions' follow-ups answered 404 (docs/design.md#benchmark-anchors: the id is minted by the backend, so the hash of a follow-up's id names an arbitrary backend).\n", o.HashWrong, o.HashTotal)
 	return b.String()
+}
+
+// thousands writes n with thousands separators (100,000).
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 func cpuPer1k(cpu time.Duration, n int) float64 {
@@ -376,8 +475,8 @@ func cmpOr(s, fallback string) string {
 	return s
 }
 
-// overheadChart: p99 against offered rate per target, and the fixed-rate
-// percentiles.
+// overheadChart: p99 against offered rate per target, the fixed-rate
+// percentiles, the max rates, and per proxy CPU, RSS and system calls.
 func overheadChart(o *overheadResult) *svg.Figure {
 	f := &svg.Figure{Title: "Overhead: follow-up tools/call on live sessions", Cols: 2, PanelW: 560, PanelH: 300,
 		Footnote: fmt.Sprintf("Left: p99 at each offered rate of the search (open loop, vegeta). Right: p50/p99/p99.9 at %.0f req/s.", o.FixedRate)}
@@ -420,6 +519,19 @@ func overheadChart(o *overheadResult) *svg.Figure {
 		sb.Y = append(sb.Y, cpuPer1k(t.BackCPU, t.Requests))
 	}
 	cpu.Series = []svg.Series{sp, sb}
-	f.Add(lc, gb, mr, cpu)
+	rss := &svg.GroupedBars{Title: "proxy RSS", YLabel: "MiB"}
+	si, sa := svg.Series{Name: "idle"}, svg.Series{Name: "after the rounds"}
+	sys := &svg.GroupedBars{Title: "system calls per sequential follow-up (strace)", YLabel: "syscalls"}
+	sc := svg.Series{Name: "syscalls"}
+	for _, t := range o.Targets[1:] { // direct has no proxy
+		rss.Groups = append(rss.Groups, t.Name)
+		si.Y = append(si.Y, float64(t.IdleRSS)/1024)
+		sa.Y = append(sa.Y, float64(t.ProxyRSS)/1024)
+		sys.Groups = append(sys.Groups, t.Name)
+		sc.Y = append(sc.Y, t.Syscalls)
+	}
+	rss.Series = []svg.Series{si, sa}
+	sys.Series = []svg.Series{sc}
+	f.Add(lc, gb, mr, cpu, rss, sys)
 	return f
 }

@@ -147,6 +147,23 @@ const clkTck = 100
 
 // treeUsage sums CPU and RSS over pid and all its descendants.
 func treeUsage(pids ...int) usage {
+	in := descendants(pids...)
+	var u usage
+	for pid := range in {
+		f, ok := statFields(pid)
+		if !ok || len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64) // utime: field 14 of stat, 12 after "pid (comm) state"
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		u.CPU += time.Duration(ut+st) * time.Second / clkTck
+		u.RSSKiB += rssKiB(pid)
+	}
+	return u
+}
+
+// descendants is pids and every process below them.
+func descendants(pids ...int) map[int]bool {
 	parents := map[int]int{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -171,18 +188,7 @@ func treeUsage(pids ...int) usage {
 			}
 		}
 	}
-	var u usage
-	for pid := range in {
-		f, ok := statFields(pid)
-		if !ok || len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64) // utime: field 14 of stat, 12 after "pid (comm) state"
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		u.CPU += time.Duration(ut+st) * time.Second / clkTck
-		u.RSSKiB += rssKiB(pid)
-	}
-	return u
+	return in
 }
 
 // statFields returns /proc/pid/stat's fields after "(comm)": state, ppid, ...

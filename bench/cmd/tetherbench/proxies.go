@@ -14,7 +14,7 @@ import (
 // ensureTools installs what the benchmark needs and the machine lacks, with
 // apt (Debian): nginx, haproxy, redis-server, iptables.
 func ensureTools(log func(string, ...any), bins ...string) error {
-	pkgs := map[string]string{"nginx": "nginx-light", "haproxy": "haproxy", "redis-server": "redis-server", "iptables-restore": "iptables"}
+	pkgs := map[string]string{"nginx": "nginx-light", "haproxy": "haproxy", "redis-server": "redis-server", "iptables-restore": "iptables", "strace": "strace"}
 	var missing []string
 	for _, b := range bins {
 		if _, err := exec.LookPath(b); err != nil {

@@ -27,6 +27,9 @@ type reportEnv struct {
 	// failoverKills is how many graceful kills the failover scenario runs,
 	// each with fresh sessions (the abrupt kill runs once).
 	failoverKills int
+	// manySessions is how many live sessions tether's RSS is measured
+	// with in the overhead scenario (hack/sessionmem); 0 skips it.
+	manySessions int
 }
 
 func reportCommand(ctx context.Context, args []string) error {
@@ -38,6 +41,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")
 	profile := fs.Bool("profile", false, "also profile tether in-process under load (always on with -full)")
 	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs and configs")
+	manySessions := fs.Int("many-sessions", 100000, "live sessions tether's RSS is measured with in the overhead scenario (0 skips it)")
 	failoverKills := fs.Int("failover-kills", 1, "graceful kills in the failover scenario per protocol (HTTP/1.1 and h2c), each a run of its own with fresh sessions (rare races need many; the abrupt kill runs once)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -45,7 +49,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	if *failoverKills < 1 {
 		return fmt.Errorf("-failover-kills %d: want at least 1", *failoverKills)
 	}
-	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills}
+	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills, manySessions: *manySessions}
 	start := time.Now()
 	env.logf = func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))

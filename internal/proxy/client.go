@@ -1,0 +1,482 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The limits of client's pool, those tether's http.Transport had.
+const (
+	maxIdleConnsPerBackend = 256
+	maxIdleConns           = 1024
+	idleConnTimeout        = 90 * time.Second
+	// max1xxResponses bounds the informational answers (100 Continue, 103
+	// Early Hints) skipped before the final one, as net/http does.
+	max1xxResponses = 5
+)
+
+// client is tether's HTTP/1.1 client for backends. A request is written and
+// its answer read on the goroutine that calls RoundTrip (and reads the
+// body), over keep-alive connections kept in a pool per backend.
+//
+// It replaces http.Transport on this path for what that transport costs per
+// request: two goroutines per connection (readLoop and writeLoop) that the
+// caller hands each request and each answer to over channels, a futex
+// wake-up on another thread each time. Nothing here reads an idle
+// connection, so the backend's FIN on an idle connection is seen by
+// peeking at the socket before the request is written (stateProbe), where
+// net/http's readLoop would have noticed it.
+//
+// The retry rules are net/http's, plus tether's own:
+//   - a pooled connection the backend has left (FIN, reset, unsolicited
+//     bytes) is closed unused and the request goes to the next one, or to a
+//     fresh one;
+//   - a request none of whose bytes reached a pooled connection's socket
+//     is sent again, when its body can be replayed;
+//   - a request that got no byte of answer on a pooled connection is sent
+//     again when it is replayable (GET, HEAD, OPTIONS, TRACE, or with an
+//     Idempotency-Key), as net/http does;
+//   - a reset in place of any byte of the answer, or a FIN followed by a
+//     reset within resetWait, is an unreadRequestError, which retryUnread
+//     acts on.
+type client struct {
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	mu    sync.Mutex
+	idle  map[string][]*clientConn // per backend address, most recently used last
+	nidle int
+	sweep *time.Timer // closes connections idle longer than idleConnTimeout
+	swept bool        // sweep is armed
+
+	// tls carries requests to https backends (an EndpointSlice port with
+	// appProtocol https, an https:// in --backends): http.Transport with
+	// the same limits, made at the first such request.
+	tlsOnce sync.Once
+	tls     atomic.Pointer[http.Transport]
+}
+
+func newClient(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *client {
+	return &client{dial: dial, idle: make(map[string][]*clientConn)}
+}
+
+// clientConn is one keep-alive connection to a backend. It is used by one
+// request at a time: RoundTrip, then the response body's reader.
+type clientConn struct {
+	c    *client
+	addr string
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	// probe peeks at the socket before a request is written into a
+	// reused connection; probed is false when it cannot (no descriptor).
+	probe  stateProbe
+	probed bool
+	reused bool
+	// unanswered is set when a request is written and cleared by the
+	// first byte read after it; written counts the bytes of the current
+	// request that reached the socket.
+	unanswered bool
+	written    int64
+	idleSince  time.Time
+	// stop unregisters the current request's context.AfterFunc; aborted
+	// is set by that func, which closes the connection.
+	stop    func() bool
+	aborted atomic.Bool
+}
+
+// Read marks a reset that arrives before any byte of the answer (see
+// unreadRequestError). The request has been written in full by then: the
+// caller writes, then reads.
+func (pc *clientConn) Read(p []byte) (int, error) {
+	n, err := pc.conn.Read(p)
+	if n > 0 {
+		pc.unanswered = false
+	} else if err != nil && pc.unanswered && pc.probed {
+		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && pc.probe.resetFollows()) {
+			return n, &unreadRequestError{err}
+		}
+	}
+	return n, err
+}
+
+// Write counts the bytes of the request that reached the socket.
+func (pc *clientConn) Write(p []byte) (int, error) {
+	n, err := pc.conn.Write(p)
+	pc.written += int64(n)
+	return n, err
+}
+
+// requestWriter hides the *bufio.Writer type from Request.Write, which
+// flushes the headers on their own before any body it does not know to be
+// in memory: one write per request instead of two. It is still an
+// io.ByteWriter, so Request.Write does not add a buffer of its own, and it
+// flushes by itself past the buffer's size, so a large body still streams.
+type requestWriter struct{ *bufio.Writer }
+
+// abort is the request context's AfterFunc: closing the connection ends a
+// blocked write or read on it, with no goroutine waiting per request.
+func (pc *clientConn) abort() {
+	pc.aborted.Store(true)
+	pc.conn.Close()
+}
+
+func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL == nil || req.URL.Host == "" {
+		closeRequestBody(req)
+		return nil, errors.New("tether: backend request without a host")
+	}
+	if req.URL.Scheme != "http" {
+		c.tlsOnce.Do(func() { c.tls.Store(newHTTPTransport(c.dial)) })
+		return c.tls.Load().RoundTrip(req)
+	}
+	addr := req.URL.Host
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		addr = net.JoinHostPort(strings.Trim(addr, "[]"), "80")
+	}
+	ctx := req.Context()
+	if req.ContentLength == 0 && req.Body != nil && req.Body != http.NoBody {
+		// An empty body of unknown type would be sent chunked after
+		// Request.Write's probe of it; there is nothing to send.
+		req.Body.Close()
+		again := *req
+		again.Body = http.NoBody
+		req = &again
+	}
+	for {
+		resp, pc, err := c.roundTrip(ctx, addr, req)
+		if err == nil {
+			return resp, nil
+		}
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		if pc == nil || !pc.reused || !c.retryable(pc, req, err) {
+			return nil, err
+		}
+		if req.Body != nil && req.Body != http.NoBody {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			again := *req
+			again.Body = body
+			req = &again
+		}
+	}
+}
+
+// retryable reports whether a request that failed on the pooled connection
+// pc may be sent again on another: the backend cannot have seen it.
+func (c *client) retryable(pc *clientConn, req *http.Request, err error) bool {
+	replayableBody := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	if pc.written == 0 {
+		return replayableBody // nothing left tether
+	}
+	if isUnread(err) {
+		return false // retryUnread's, bounded there
+	}
+	// No byte of an answer on a connection that carried one before: the
+	// backend closed it, as net/http reads it, before taking the request.
+	// net/http sends such a request again only when it is idempotent.
+	return pc.unanswered && replayableBody && idempotent(req)
+}
+
+// idempotent is net/http's Request.isReplayable without the body check.
+func idempotent(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, a := req.Header["Idempotency-Key"]
+	_, b := req.Header["X-Idempotency-Key"]
+	return a || b
+}
+
+// roundTrip makes one attempt on one connection. pc is the connection the
+// request was written into, nil when none could be had.
+func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) (*http.Response, *clientConn, error) {
+	pc, err := c.conn(ctx, addr)
+	if err != nil {
+		closeRequestBody(req)
+		return nil, nil, err
+	}
+	if ctx.Done() != nil {
+		pc.aborted.Store(false)
+		pc.stop = context.AfterFunc(ctx, pc.abort)
+	}
+	pc.written, pc.unanswered = 0, true
+	err = req.Write(requestWriter{pc.bw})
+	if err == nil {
+		err = pc.bw.Flush()
+	}
+	if err != nil {
+		if resp := pc.earlyAnswer(req); resp != nil {
+			return resp, pc, nil
+		}
+		pc.close()
+		return nil, pc, err
+	}
+	var resp *http.Response
+	for range max1xxResponses + 1 {
+		resp, err = http.ReadResponse(pc.br, req)
+		if err != nil || resp.StatusCode >= 200 || resp.StatusCode < 100 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		resp.Body.Close() // an informational answer has no body
+		resp = nil
+	}
+	if err == nil && resp == nil {
+		err = errors.New("tether: too many 1xx answers from the backend")
+	}
+	if err != nil {
+		pc.close()
+		return nil, pc, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// Never asked for (forward.go refuses it); the connection is
+		// no longer HTTP.
+		resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: false}
+		return resp, pc, nil
+	}
+	reuse := !resp.Close && !req.Close
+	if resp.Body == http.NoBody {
+		pc.release(reuse)
+		return resp, pc, nil
+	}
+	resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: reuse}
+	return resp, pc, nil
+}
+
+// earlyAnswerWait bounds the wait for an answer after a failed write, as
+// net/http waits for one (maxWriteWaitBeforeConnReuse).
+const earlyAnswerWait = 50 * time.Millisecond
+
+// earlyAnswer reads the answer a backend may have sent before it stopped
+// reading the request (a 413 for a body it will not take, then a close
+// that failed the write), so that the client gets that answer rather than
+// a 502. The connection is not reused after it.
+func (pc *clientConn) earlyAnswer(req *http.Request) *http.Response {
+	if pc.written == 0 || pc.aborted.Load() {
+		return nil
+	}
+	pc.conn.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+	resp, err := http.ReadResponse(pc.br, req)
+	if err != nil || resp.StatusCode < 200 {
+		return nil
+	}
+	pc.conn.SetReadDeadline(time.Time{})
+	resp.Close = true
+	resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: false}
+	return resp
+}
+
+// conn takes the most recently used idle connection to addr that the
+// backend has not left, or dials a new one.
+func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
+	for {
+		pc := c.takeIdle(addr)
+		if pc == nil {
+			break
+		}
+		if pc.probed && pc.probe.peerGone() {
+			pc.conn.Close() // it never carried this request: try the next
+			continue
+		}
+		return pc, nil
+	}
+	conn, err := c.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	pc := &clientConn{c: c, addr: addr, conn: conn}
+	pc.probed = pc.probe.init(conn)
+	pc.br = bufio.NewReader(pc)
+	pc.bw = bufio.NewWriter(pc)
+	return pc, nil
+}
+
+func (c *client) takeIdle(addr string) *clientConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		conns := c.idle[addr]
+		if len(conns) == 0 {
+			return nil
+		}
+		pc := conns[len(conns)-1]
+		conns[len(conns)-1] = nil
+		if len(conns) == 1 {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = conns[:len(conns)-1]
+		}
+		c.nidle--
+		if time.Since(pc.idleSince) < idleConnTimeout {
+			pc.reused = true
+			return pc
+		}
+		pc.conn.Close()
+	}
+}
+
+// release ends the current request on pc: back to the pool when reuse, the
+// request's context did not close it, and nothing unasked for follows the
+// answer; closed otherwise.
+func (pc *clientConn) release(reuse bool) {
+	if pc.stop != nil {
+		if !pc.stop() {
+			reuse = false // the AfterFunc ran: the connection is closed
+		}
+		pc.stop = nil
+	}
+	if !reuse || pc.aborted.Load() || pc.br.Buffered() > 0 {
+		pc.conn.Close()
+		return
+	}
+	pc.c.put(pc)
+}
+
+// close ends the current request on pc and closes it.
+func (pc *clientConn) close() { pc.release(false) }
+
+func (c *client) put(pc *clientConn) {
+	pc.idleSince = time.Now()
+	c.mu.Lock()
+	if c.nidle >= maxIdleConns || len(c.idle[pc.addr]) >= maxIdleConnsPerBackend {
+		c.mu.Unlock()
+		pc.conn.Close()
+		return
+	}
+	c.idle[pc.addr] = append(c.idle[pc.addr], pc)
+	c.nidle++
+	if !c.swept {
+		c.swept = true
+		if c.sweep == nil {
+			c.sweep = time.AfterFunc(idleConnTimeout, c.closeExpired)
+		} else {
+			c.sweep.Reset(idleConnTimeout)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// closeExpired closes the connections idle for idleConnTimeout, and runs
+// again when the oldest of the others expires.
+func (c *client) closeExpired() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.swept = false
+	now := time.Now()
+	var next time.Duration
+	for addr, conns := range c.idle {
+		keep := conns[:0]
+		for _, pc := range conns {
+			if age := now.Sub(pc.idleSince); age >= idleConnTimeout {
+				pc.conn.Close()
+				c.nidle--
+			} else {
+				keep = append(keep, pc)
+				if left := idleConnTimeout - age; next == 0 || left < next {
+					next = left
+				}
+			}
+		}
+		clear(conns[len(keep):])
+		if len(keep) == 0 {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = keep
+		}
+	}
+	if next > 0 {
+		c.swept = true
+		c.sweep.Reset(next)
+	}
+}
+
+// CloseIdleConnections closes every idle connection; those in use are
+// closed when their request ends.
+func (c *client) CloseIdleConnections() {
+	if t := c.tls.Load(); t != nil {
+		t.CloseIdleConnections()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for addr, conns := range c.idle {
+		for _, pc := range conns {
+			pc.conn.Close()
+		}
+		delete(c.idle, addr)
+	}
+	c.nidle = 0
+}
+
+// clientBody is a response body read on the caller's goroutine: at its
+// clean end the connection goes back to the pool; closed early or failed,
+// the connection is closed (what is left of the answer is not drained).
+type clientBody struct {
+	pc    *clientConn
+	rc    io.ReadCloser
+	reuse bool
+	state atomic.Int32 // bodyOpen, bodyEOF or bodyClosed
+}
+
+const (
+	bodyOpen = iota
+	bodyEOF
+	bodyClosed
+)
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	switch b.state.Load() {
+	case bodyEOF:
+		return 0, io.EOF
+	case bodyClosed:
+		return 0, errBodyClosed
+	}
+	n, err := b.rc.Read(p)
+	if err != nil {
+		if err == io.EOF {
+			b.finish(bodyEOF, b.reuse)
+		} else {
+			if b.pc.aborted.Load() {
+				// The request's context ended the connection.
+				err = context.Canceled
+			}
+			b.finish(bodyClosed, false)
+		}
+	}
+	return n, err
+}
+
+// Close closes the connection unless the body was read to its end; it may
+// be called from another goroutine than Read's (the close unblocks it).
+func (b *clientBody) Close() error {
+	b.finish(bodyClosed, false)
+	return nil
+}
+
+func (b *clientBody) finish(state int32, reuse bool) {
+	if b.state.CompareAndSwap(bodyOpen, state) {
+		b.pc.release(reuse)
+	}
+}
+
+// closeRequestBody closes the body of a request that will not be written,
+// as a RoundTripper must.
+func closeRequestBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+var errBodyClosed = errors.New("http: read on closed response body")

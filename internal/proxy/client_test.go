@@ -1,0 +1,385 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// rawBackend accepts connections and answers each request read on them
+// with answer(request number on the connection, request); it counts the
+// connections.
+type rawBackend struct {
+	addr     string
+	accepted atomic.Int32
+}
+
+func startRawBackend(t *testing.T, answer func(c net.Conn, n int, req *http.Request) bool) *rawBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	b := &rawBackend{addr: ln.Addr().String()}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepted.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for n := 0; ; n++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if !answer(c, n, req) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return b
+}
+
+func clientPost(ctx context.Context, c *client, addr, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return c.RoundTrip(req)
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("body: %v", err)
+	}
+	return string(b)
+}
+
+// A body read to its end gives the connection back: sequential requests
+// share one connection. A body closed early closes its connection, and the
+// next request dials.
+func TestClientReusesConnections(t *testing.T) {
+	b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+		return err == nil
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	ctx := context.Background()
+	for i := range 3 {
+		resp, err := clientPost(ctx, c, b.addr, `{}`)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "hello" {
+			t.Fatalf("request %d: body %q", i, got)
+		}
+	}
+	if n := b.accepted.Load(); n != 1 {
+		t.Fatalf("3 sequential requests took %d connections, want 1", n)
+	}
+
+	resp, err := clientPost(ctx, c, b.addr, `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // unread: the connection cannot carry another request
+	if resp, err = clientPost(ctx, c, b.addr, `{}`); err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if n := b.accepted.Load(); n != 2 {
+		t.Fatalf("after a body closed early: %d connections, want 2", n)
+	}
+}
+
+// Chunked answers with trailers, after informational answers, are read as
+// net/http reads them, and the connection is reused after them.
+func TestClientChunkedTrailers(t *testing.T) {
+	b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
+		_, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"+
+			"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
+			"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: X-Done\r\n\r\n"+
+			"7\r\ndata: 1\r\n1\r\n\n\r\n0\r\nX-Done: yes\r\n\r\n")
+		return err == nil
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	for i := range 2 {
+		resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d, want 200 (the 1xx skipped)", resp.StatusCode)
+		}
+		if got := readAll(t, resp); got != "data: 1\n" {
+			t.Fatalf("body %q", got)
+		}
+		if got := resp.Trailer.Get("X-Done"); got != "yes" {
+			t.Fatalf("request %d: trailer X-Done %q, want yes", i, got)
+		}
+	}
+	if n := b.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+}
+
+// The request's context ends a round trip blocked on the backend and a
+// body read blocked mid-stream, by closing the connection; neither
+// connection goes back to the pool.
+func TestClientContextCancel(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	b := startRawBackend(t, func(c net.Conn, n int, req *http.Request) bool {
+		if req.URL.Path == "/stream" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n7\r\ndata: 1\r\n")
+		}
+		<-release // then nothing more
+		return false
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := clientPost(ctx, c, b.addr, `{}`)
+		done <- err
+	}()
+	waitAccepted(t, b, 1)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("round trip after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("round trip not ended by its context")
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+"/stream", nil)
+	resp, err := c.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := resp.Body.Read(buf); err != nil || string(buf[:n]) != "data: 1" {
+		t.Fatalf("first chunk: %q, %v", buf[:n], err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := resp.Body.Read(buf)
+		read <- err
+	}()
+	cancel()
+	select {
+	case err := <-read:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("body read after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("body read not ended by the request's context")
+	}
+	resp.Body.Close()
+	if n := idleCount(c); n != 0 {
+		t.Fatalf("%d idle connections after cancelled requests, want 0", n)
+	}
+}
+
+// A GET that got no byte of answer on a pooled connection is sent again on
+// a fresh one, as net/http does; a POST is not (the backend may have read
+// it).
+func TestClientReplaysIdempotentOnly(t *testing.T) {
+	b := startRawBackend(t, func(c net.Conn, n int, _ *http.Request) bool {
+		if n == 1 {
+			return false // read the second request, then close without a word
+		}
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return err == nil
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	ctx := context.Background()
+	get := func() (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+b.addr+"/mcp", nil)
+		return c.RoundTrip(req)
+	}
+	resp, err := get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp, err = get(); err != nil {
+		t.Fatalf("GET on a connection closed after reading it: %v", err)
+	}
+	readAll(t, resp)
+	if n := b.accepted.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2 (the GET sent again on a fresh one)", n)
+	}
+
+	// The next request on that connection is its second too.
+	if _, err := clientPost(ctx, c, b.addr, `{}`); err == nil {
+		t.Fatal("POST read by the backend, then the connection closed: succeeded, want an error")
+	}
+}
+
+func waitAccepted(t *testing.T, b *rawBackend, n int32) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.accepted.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("backend accepted %d connections, want %d", b.accepted.Load(), n)
+		}
+	}
+}
+
+func idleCount(c *client) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nidle
+}
+
+// A backend that answers before reading a body it will not take, then
+// closes, fails the rest of the write; its answer still reaches the caller,
+// as with net/http, and the connection is not reused.
+func TestClientEarlyAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil { // the headers only
+			c.Close()
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
+		c.Close() // the body unread: a reset
+	}()
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	body := strings.Repeat("x", 64<<20) // beyond any socket buffer
+	resp, err := clientPost(context.Background(), c, ln.Addr().String(), body)
+	if err != nil {
+		t.Fatalf("early answer lost: %v", err)
+	}
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d, want 413", resp.StatusCode)
+	}
+	if got := readAll(t, resp); got != "big" {
+		t.Fatalf("body %q", got)
+	}
+	if n := idleCount(c); n != 0 {
+		t.Fatalf("%d idle connections, want 0", n)
+	}
+}
+
+// An https backend is spoken to over TLS (by http.Transport): the
+// handshake is what fails against a certificate nobody trusts.
+func TestClientHTTPSBackend(t *testing.T) {
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(ts.Close)
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	req, _ := http.NewRequest(http.MethodGet, ts.URL+"/mcp", nil)
+	_, err := c.RoundTrip(req)
+	var unknown x509.UnknownAuthorityError
+	if !errors.As(err, &unknown) {
+		t.Fatalf("https backend with an untrusted certificate: %v, want x509.UnknownAuthorityError", err)
+	}
+}
+
+// BenchmarkBackendRoundTrip is one follow-up's round trip to a backend
+// (a one-event SSE answer, chunked, as go-sdk sends it) through tether's
+// client and through the http.Transport it replaced; the backend is a raw
+// loop in this process, so both count its few allocations.
+func BenchmarkBackendRoundTrip(b *testing.B) {
+	const answer = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nMcp-Session-Id: s1\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"4a\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[],\"x\":\"y\"}}\r\n\r\n\r\n0\r\n\r\n"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if _, err := io.WriteString(c, answer); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	url := "http://" + ln.Addr().String() + "/mcp"
+	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
+	for _, tt := range []struct {
+		name string
+		rt   BackendTransport
+	}{
+		{"client", newClient(DialBackend)},
+		{"http.Transport", newHTTPTransport(DialBackend)},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			defer tt.rt.CloseIdleConnections()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			buf := make([]byte, 512)
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+				req.Header["Content-Type"] = []string{"application/json"}
+				resp, err := tt.rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for {
+					if _, err := resp.Body.Read(buf); err != nil {
+						break
+					}
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
