@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/session"
@@ -171,9 +174,9 @@ func TestModernCallsSpreadWithGoSDKPeers(t *testing.T) {
 	defer cancel()
 	modern := newHarness(t, harnessOptions{backends: 3, stateless: true})
 
-	// Modern: 1,000 calls from 4 clients in parallel. Each call is its
+	// Modern: 1,000 calls from 10 clients in parallel. Each call is its
 	// own pick (no session), by in-flight load (p2c).
-	const clients, callsEach = 4, 250
+	const clients, callsEach = 10, 100
 	var mu sync.Mutex
 	perBackend := map[string]int{}
 	errs := make(chan error, clients)
@@ -303,4 +306,58 @@ func connectAt(ctx context.Context, endpoint, v string) (*mcp.ClientSession, err
 	client := mcp.NewClient(&mcp.Implementation{Name: "era-client", Version: "1.0.0"}, nil)
 	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, DisableStandaloneSSE: true},
 		&mcp.ClientSessionOptions{ProtocolVersion: v})
+}
+
+// The server span says which era a request is and what it names: mcp.name
+// for tools, prompts and resources, a task's id only hashed; refused
+// requests carry them too.
+func TestEraSpanAttributes(t *testing.T) {
+	rb := newRecordingBackend(t, nil)
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	h := newTether(t, []string{rb.URL}, harnessOptions{tracer: tp.Tracer("test")})
+
+	const pv = "Mcp-Protocol-Version"
+	for _, tc := range []struct {
+		name    string
+		body    string
+		headers []string
+		want    map[attribute.Key]string // "" = absent
+	}{
+		{"modern tool", modernBody("tools/call", `"name":"whoami",`),
+			[]string{pv, modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", "whoami"},
+			map[attribute.Key]string{"mcp.era": "modern", "mcp.method": "tools/call", "mcp.name": "whoami",
+				"mcp.protocol.version": modernVersion, "mcp.task.id": "", "tether.route": "stateless"}},
+		{"modern task", modernBody("tasks/get", `"taskId":"task-secret",`),
+			[]string{pv, modernVersion, "Mcp-Method", "tasks/get", "Mcp-Name", "task-secret"},
+			map[attribute.Key]string{"mcp.era": "modern", "mcp.method": "tasks/get", "mcp.name": "",
+				"mcp.task.id": session.HashID("task-secret")}},
+		{"modern refused", modernBody("tools/call", `"name":"bar",`),
+			[]string{pv, modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", "foo"},
+			map[attribute.Key]string{"mcp.era": "modern", "mcp.method": "tools/call", "mcp.name": "bar", "tether.route": "refused"}},
+		{"legacy resource", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///x"}}`,
+			[]string{pv, "2025-11-25"},
+			map[attribute.Key]string{"mcp.era": "legacy", "mcp.method": "resources/read", "mcp.name": "file:///x",
+				"mcp.protocol.version": "2025-11-25"}},
+		{"legacy list", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, nil,
+			map[attribute.Key]string{"mcp.era": "legacy", "mcp.method": "tools/list", "mcp.name": "", "mcp.protocol.version": ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClientSpan()
+			resp := h.post("", tc.body, append([]string{"traceparent", c.traceparent()}, tc.headers...)...)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			got := attrs(waitServerSpan(t, sr, c.traceID).server)
+			for k, want := range tc.want {
+				v, ok := got[k]
+				switch {
+				case want == "" && ok:
+					t.Errorf("%s = %q, want it absent", k, v.AsString())
+				case want != "" && v.AsString() != want:
+					t.Errorf("%s = %q, want %q", k, v.AsString(), want)
+				}
+			}
+		})
+	}
 }
