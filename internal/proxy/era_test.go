@@ -25,7 +25,9 @@ const modernVersion = "2026-07-28"
 // in _meta as well as in the header.
 func modernBody(method, paramsMember string) string {
 	return `{"jsonrpc":"2.0","id":7,"method":"` + method + `","params":{` + paramsMember +
-		`"_meta":{"io.modelcontextprotocol/protocolVersion":"` + modernVersion + `"}}}`
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"` + modernVersion + `",` +
+		`"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"},` +
+		`"io.modelcontextprotocol/clientCapabilities":{}}}}`
 }
 
 // jsonRPCError reads a JSON-RPC error answer.
@@ -359,5 +361,37 @@ func TestEraSpanAttributes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// tether_requests_total says the era and the method of each request, the
+// method from a bounded set.
+func TestEraAndMethodLabels(t *testing.T) {
+	h := newHarness(t, harnessOptions{backends: 1, stateless: true, metrics: true})
+	reg := h.metrics.Registry
+	const pv = "Mcp-Protocol-Version"
+	for _, req := range []struct {
+		body    string
+		headers []string
+	}{
+		{modernBody("tools/list", ""), []string{pv, modernVersion, "Mcp-Method", "tools/list"}},
+		{modernBody("tools/list", ""), []string{pv, modernVersion}}, // refused: no Mcp-Method
+		{modernBody("x/custom", ""), []string{pv, modernVersion, "Mcp-Method", "x/custom"}},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, []string{pv, "2025-11-25"}},
+	} {
+		resp := h.post("", req.body, req.headers...)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	waitRequests(t, reg, 4)
+	for _, want := range []map[string]string{
+		{"era": "modern", "method": "tools/list", "route": "stateless", "code": "200"},
+		{"era": "modern", "method": "tools/list", "route": "refused", "code": "400"},
+		{"era": "modern", "method": "other", "route": "stateless"},
+		{"era": "legacy", "method": "tools/list", "route": "stateless", "code": "200"},
+	} {
+		if got := sampleValue(t, reg, "tether_requests_total", want); got != 1 {
+			t.Errorf("tether_requests_total%v = %v, want 1", want, got)
+		}
 	}
 }
