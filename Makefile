@@ -55,6 +55,7 @@ bench-full bench-report-full:
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzClassifyModern$$' -fuzztime 60s ./internal/proxy/
 
 # bin/tether has every command; bin/tether-sidecar is the image's binary
 # (serve, explain, status and version only).

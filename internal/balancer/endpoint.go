@@ -27,7 +27,8 @@ type Endpoint struct {
 	state    atomic.Uint32 // a discovery.State; rewritten by Update when the ID stays
 	inflight atomic.Int64
 	sessions atomic.Int64
-	ejected  atomic.Bool // written with Balancer.mu held, read anywhere
+	served   atomic.Uint64 // requests begun on the endpoint, ever: p2c's tie break
+	ejected  atomic.Bool   // written with Balancer.mu held, read anywhere
 
 	// Passive health bookkeeping, guarded by Balancer.mu.
 	ejections    int       // consecutive ejections since the last readmission
@@ -77,7 +78,14 @@ func (e *Endpoint) Load() int64 { return e.sessions.Load() + e.inflight.Load() }
 
 // Begin records that a request is being forwarded to the endpoint. Pair every
 // Begin with exactly one End, typically `e.Begin(); defer e.End()`.
-func (e *Endpoint) Begin() { e.inflight.Add(1) }
+func (e *Endpoint) Begin() {
+	e.inflight.Add(1)
+	e.served.Add(1)
+}
+
+// Served is the number of requests ever begun on the endpoint (by this
+// replica): p2c breaks load ties with it.
+func (e *Endpoint) Served() uint64 { return e.served.Load() }
 
 // End records that a request begun with Begin has finished.
 func (e *Endpoint) End() { e.inflight.Add(-1) }

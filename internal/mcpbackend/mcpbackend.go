@@ -1,8 +1,9 @@
-// Package mcpbackend runs real MCP servers (the go-sdk's stateful
-// Streamable HTTP handler) on loopback listeners, for the demo, the tests
-// and the benchmarks. Each backend speaks HTTP/1.1 and h2c (HTTP/2 by prior
-// knowledge) on the same port, can be killed the way a terminating pod is,
-// and restarted in place on the same address with none of its sessions.
+// Package mcpbackend runs real MCP servers (the go-sdk's Streamable HTTP
+// handler: stateful by default, stateless with Options.Stateless) on
+// loopback listeners, for the demo, the tests and the benchmarks. Each
+// backend speaks HTTP/1.1 and h2c (HTTP/2 by prior knowledge) on the same
+// port, can be killed the way a terminating pod is, and restarted in place
+// on the same address with none of its sessions.
 package mcpbackend
 
 import (
@@ -25,6 +26,8 @@ import (
 type Backend struct {
 	Name string
 	Addr string // host:port it listens on
+
+	opts Options
 
 	// Counters, for assertions and the demo's report.
 	Initializes atomic.Int64 // initialize requests answered
@@ -52,9 +55,26 @@ type EchoOutput struct {
 	Backend string `json:"backend"`
 }
 
-// Start runs a backend named name on addr ("127.0.0.1:0" for any port).
+// Options configure a backend.
+type Options struct {
+	// Stateless serves every request on its own (go-sdk's
+	// StreamableHTTPOptions.Stateless): no Mcp-Session-Id, and the only
+	// mode in which go-sdk v1.8.0 accepts MCP 2026-07-28 requests. It
+	// still answers initialize, so it serves both eras (a dual-era server,
+	// versioning.mdx of the 2026-07-28 specification), legacy clients
+	// without a session.
+	Stateless bool
+}
+
+// Start runs a stateful backend named name on addr ("127.0.0.1:0" for any
+// port).
 func Start(name, addr string) (*Backend, error) {
-	b := &Backend{Name: name}
+	return StartWith(name, addr, Options{})
+}
+
+// StartWith runs a backend configured by o.
+func StartWith(name, addr string, o Options) (*Backend, error) {
+	b := &Backend{Name: name, opts: o}
 	if err := b.listen(addr); err != nil {
 		return nil, err
 	}
@@ -195,7 +215,8 @@ func (b *Backend) handler() (http.Handler, *mcp.Server) {
 			b.Calls.Add(1)
 			return nil, EchoOutput{Text: in.Text, Backend: b.Name}, nil
 		})
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+		&mcp.StreamableHTTPOptions{Stateless: b.opts.Stateless})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" && r.ContentLength > 0 && r.ContentLength < 1<<20 {
 			body := make([]byte, r.ContentLength)

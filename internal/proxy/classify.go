@@ -49,6 +49,15 @@ type Classification struct {
 	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
 	Batch           bool
 	Body            []byte // the complete request body (POST; others only when they have one), kept for forwarding and replay
+
+	// Era is the request's protocol era (era.go); Op what its method needs
+	// of routing. Name is the body's params.name (tools/call,
+	// prompts/get), params.uri (resources/read) or params.taskId (tasks/*)
+	// once a modern request's Mcp-Name matched it; "" otherwise.
+	Era    Era
+	Op     Op
+	Name   string
+	Params []byte // the raw params of a single message, inside Body; nil if none
 }
 
 // requestError is a request tether refuses before routing it. It becomes an
@@ -129,6 +138,7 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classificatio
 		c.Kind = KindOther
 	}
 	if r.Method != http.MethodPost {
+		c.Era = requestEra(&c)
 		// MCP's GET and DELETE carry no body. One that comes anyway is read
 		// under the same limits as a POST's and forwarded whole, rather
 		// than streamed to the backend with no deadline or bound.
@@ -151,8 +161,18 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classificatio
 		return c, rerr
 	}
 	c.Body = body
-	if rerr := parseMessages(body, &c); rerr != nil {
+	rerr = parseMessages(body, &c)
+	c.Op = methodOp(c.Method)
+	c.Era = requestEra(&c) // also for a refusal's metrics and span
+	if rerr != nil {
 		return c, rerr
+	}
+	if c.Era == EraModern {
+		// Checked before anything routes on these headers
+		// (streamable-http.mdx, "Server Validation").
+		if rerr := validateModern(r.Header, &c, c.Params); rerr != nil {
+			return c, rerr
+		}
 	}
 	return c, nil
 }
@@ -253,6 +273,7 @@ func parseMessages(body []byte, c *Classification) *requestError {
 		}
 		c.Kind = kind
 		c.Method = m.Method
+		c.Params = m.Params
 		if kind == KindRequest || kind == KindInitialize {
 			c.ID = m.ID
 		}
@@ -347,6 +368,7 @@ type jsonMessage struct {
 	ID      json.RawMessage `json:"id"`
 	Result  json.RawMessage `json:"result"`
 	Error   json.RawMessage `json:"error"`
+	Params  json.RawMessage `json:"params"`
 }
 
 func decodeWithJSON(b []byte) (wireMessage, *requestError) {
@@ -354,7 +376,7 @@ func decodeWithJSON(b []byte) (wireMessage, *requestError) {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return wireMessage{}, jsonError(err)
 	}
-	m := wireMessage{JSONRPC: j.JSONRPC, ID: j.ID, Result: j.Result, Error: j.Error}
+	m := wireMessage{JSONRPC: j.JSONRPC, ID: j.ID, Result: j.Result, Error: j.Error, Params: j.Params}
 	if j.Method != nil {
 		m.Method, m.HasMethod = *j.Method, true
 	}

@@ -64,6 +64,10 @@ type harnessOptions struct {
 	// maxSessions bounds the session records held (the memory store's, or
 	// the cache's); 0 is the default bound.
 	maxSessions int
+	// stateless starts go-sdk backends in stateless mode: dual-era
+	// servers that take MCP 2026-07-28 requests and sessionless legacy
+	// ones.
+	stateless bool
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -71,7 +75,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	if o.backends == 0 {
 		o.backends = 3
 	}
-	backends := testkit.StartBackends(t, o.backends)
+	backends := testkit.StartBackendsWith(t, o.backends, mcpbackend.Options{Stateless: o.stateless})
 	h := newTether(t, testkit.URLs(backends), o)
 	h.backends = backends
 	return h

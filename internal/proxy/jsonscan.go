@@ -23,6 +23,7 @@ type wireMessage struct {
 	ID        json.RawMessage
 	Result    json.RawMessage
 	Error     json.RawMessage
+	Params    json.RawMessage
 }
 
 // interned are the methods seen on nearly every request, returned without
@@ -96,6 +97,8 @@ func scanMessage(b []byte) (m wireMessage, ok, fallback bool) {
 			m.Result = val
 		case bytes.EqualFold(key, []byte("error")):
 			m.Error = val
+		case bytes.EqualFold(key, []byte("params")):
+			m.Params = val
 		}
 	}
 }

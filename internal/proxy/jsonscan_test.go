@@ -22,7 +22,7 @@ func parseMessagesReference(body []byte, c *Classification) *requestError {
 		if rerr != nil {
 			return rerr
 		}
-		c.Kind, c.Method = kind, m.Method
+		c.Kind, c.Method, c.Params = kind, m.Method, m.Params
 		if kind == KindRequest || kind == KindInitialize {
 			c.ID = m.ID
 		}
@@ -64,6 +64,8 @@ var scanSeeds = []string{
 	`{"jsonrpc":"2.0","method":["x"]}`, `{"jsonrpc":"2.0","id":{},"method":"x"}`, `null`, `"x"`, `5`, `true`,
 	` {"jsonrpc" : "2.0" , "id" : -1.5e3 , "method" : "initialize" } `, `{"jsonrpc":"2.0","id":1e400,"method":"a"}`,
 	`{}`, `{"jsonrpc":"2.0"}`, `{"jsonrpc":"2.0","method":""}`, `[{"jsonrpc":"2.0","id":1,"result":{}}]`,
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"},"PARAMS":{"name":"b"}}`,
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}`, `{"jsonrpc":"2.0","id":1,"method":"x","p\u0061rams":[1]}`,
 }
 
 func classifyBoth(t *testing.T, body []byte) {
@@ -85,7 +87,8 @@ func classifyBoth(t *testing.T, body []byte) {
 			t.Fatalf("%q: scanner %d/%d, encoding/json %d/%d", body, gotErr.status, gotErr.code, wantErr.status, wantErr.code)
 		}
 	default:
-		if got.Kind != want.Kind || got.Method != want.Method || !bytes.Equal(got.ID, want.ID) || got.Batch != want.Batch {
+		if got.Kind != want.Kind || got.Method != want.Method || !bytes.Equal(got.ID, want.ID) || got.Batch != want.Batch ||
+			!bytes.Equal(got.Params, want.Params) {
 			t.Fatalf("%q: scanner %+v, encoding/json %+v", body, got, want)
 		}
 	}

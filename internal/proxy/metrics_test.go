@@ -158,13 +158,13 @@ func TestMetricsAfterScriptedTraffic(t *testing.T) {
 		}
 	}
 	check("tether_requests_total",
-		`tether_requests_total{backend="",code="404",route="refused"} 1`,
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",route="new"} 1`, x),
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",route="new"} 1`, y),
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="202",route="sticky"} 1`, x),
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="202",route="sticky"} 1`, y),
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",route="sticky"} 2`, x),
-		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",route="stateless"} 1`, y),
+		`tether_requests_total{backend="",code="404",era="legacy",method="tools/call",route="refused"} 1`,
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",era="legacy",method="initialize",route="new"} 1`, x),
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",era="legacy",method="initialize",route="new"} 1`, y),
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="202",era="legacy",method="notifications/initialized",route="sticky"} 1`, x),
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="202",era="legacy",method="notifications/initialized",route="sticky"} 1`, y),
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",era="legacy",method="tools/call",route="sticky"} 2`, x),
+		fmt.Sprintf(`tether_requests_total{backend=%q,code="200",era="legacy",method="ping",route="stateless"} 1`, y),
 	)
 	check("tether_backend_sessions",
 		fmt.Sprintf(`tether_backend_sessions{backend=%q} 1`, x),

@@ -78,17 +78,51 @@ func (p *Proxy) finish(r *http.Request, x *exchange) {
 		backend = x.ep.String()
 	}
 	now := time.Now()
-	p.metrics.Request(route, backend, status, now.Sub(x.start))
+	p.metrics.Request(route, x.class.Era.String(), MethodLabel(x.class.Method), backend, status, now.Sub(x.start))
 	if x.routed {
 		p.recordDecision(x, status, now)
 	}
 	if x.span != nil {
 		x.span.SetAttributes(semconv.HTTPResponseStatusCode(status), attribute.String("tether.route", route))
+		x.span.SetAttributes(mcpAttributes(&x.class)...)
 		if status >= 500 || status == 0 {
 			x.span.SetStatus(codes.Error, http.StatusText(status))
 		}
 		x.span.End()
 	}
+}
+
+// mcpAttributes describe the request as MCP sees it, on the server span
+// (refused requests included): mcp.era always; mcp.method, and
+// mcp.protocol.version when it is a version date, when there is one;
+// mcp.name for the named methods of tools, prompts and resources; a task's
+// id hashed as mcp.task.id, like session ids (session.HashID), since
+// whoever knows it can act on the task.
+func mcpAttributes(c *Classification) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 4)
+	attrs = append(attrs, attribute.String("mcp.era", c.Era.String()))
+	if c.Method != "" {
+		attrs = append(attrs, attribute.String("mcp.method", c.Method))
+	}
+	if isVersionDate(c.ProtocolVersion) {
+		attrs = append(attrs, attribute.String("mcp.protocol.version", c.ProtocolVersion))
+	}
+	member := nameMember(c.Method)
+	if member == "" || c.Batch {
+		return attrs
+	}
+	name := c.Name // validated against Mcp-Name (modern)
+	if name == "" {
+		// Legacy, or refused before validation: the body is the truth.
+		name, _, _ = paramsString(c.Params, member, "")
+	}
+	if name == "" {
+		return attrs
+	}
+	if c.Op == OpTask {
+		return append(attrs, attribute.String("mcp.task.id", session.HashID(name)))
+	}
+	return append(attrs, attribute.String("mcp.name", name))
 }
 
 // endRouteSpan puts the decision on the tether.route span.

@@ -275,7 +275,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		}
 	case x.class.SessionID == "":
 		x.route = RouteStateless
-		if p.affinityHeader != "" && modernProtocol(x.class.ProtocolVersion) {
+		if p.affinityHeader != "" && x.class.Era == EraModern {
 			x.affinityKey = r.Header.Get(p.affinityHeader)
 		}
 	default:
@@ -289,16 +289,6 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 	x.routed = true
 	return true
 }
-
-// modernProtocol reports whether v, an MCP-Protocol-Version, is of the
-// session-less era: 2026-07-28 or later. Versions are dates (YYYY-MM-DD),
-// so they order as strings. (The era classification of issue 13 item 1
-// supersedes this where it lands.)
-func modernProtocol(v string) bool {
-	return len(v) == len(firstModernProtocol) && v >= firstModernProtocol
-}
-
-const firstModernProtocol = "2026-07-28"
 
 // pick chooses a backend for a request that has none yet.
 func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {

@@ -45,14 +45,14 @@ func TestBackendSeriesLeaveWithTheirEndpoints(t *testing.T) {
 	request := func(e *balancer.Endpoint, route string, status int) {
 		e.Begin()
 		defer e.End()
-		m.Request(route, e.String(), status, time.Millisecond)
+		m.Request(route, "legacy", "tools/call", e.String(), status, time.Millisecond)
 	}
 
 	steady := endpoint(0)
 	bal.Update(discovery.Snapshot{Endpoints: []discovery.Endpoint{steady}})
 	steadyEP, _ := bal.Lookup(steady.ID)
 	request(steadyEP, "new", 200)
-	m.Request("refused", "", 503, time.Millisecond) // no backend: a series of its own, kept
+	m.Request("refused", "legacy", "", "", 503, time.Millisecond) // no backend: a series of its own, kept
 	start := backendSeries(t, m)
 
 	const rollouts = 50

@@ -79,8 +79,8 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 	m := &Metrics{Registry: prometheus.NewRegistry()}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_requests_total",
-		Help: "Client requests by routing decision (new, sticky, reinit, stateless, or refused), backend and HTTP status.",
-	}, []string{"route", "backend", "code"})
+		Help: "Client requests by routing decision (new, sticky, reinit, stateless, or refused), protocol era (legacy, modern), JSON-RPC method (a bounded set, else other), backend and HTTP status.",
+	}, []string{"route", "era", "method", "backend", "code"})
 	m.requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tether_request_duration_seconds",
 		Help:    "Time to the end of the response by routing decision (SSE streams included: their whole life).",
@@ -148,12 +148,13 @@ func codeLabel(status int) string {
 	return "other"
 }
 
-// Request counts one finished client request.
-func (m *Metrics) Request(route, backend string, status int, d time.Duration) {
+// Request counts one finished client request. era and method must come
+// from bounded sets (the routing layer's Era names and MethodLabel).
+func (m *Metrics) Request(route, era, method, backend string, status int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(route, backend, codeLabel(status)).Inc()
+	m.requests.WithLabelValues(route, era, method, backend, codeLabel(status)).Inc()
 	m.requestDuration.WithLabelValues(route).Observe(d.Seconds())
 }
 

@@ -26,7 +26,7 @@ func exercisedMetrics(t *testing.T) *telemetry.Metrics {
 		},
 		Store: func() telemetry.StoreStat { return telemetry.StoreStat{CacheHits: 9, CacheMisses: 1, Pending: 2} },
 	})
-	m.Request("sticky", "http://10.0.0.1:8080", 200, time.Millisecond)
+	m.Request("sticky", "legacy", "tools/call", "http://10.0.0.1:8080", 200, time.Millisecond)
 	m.Reinit("dial_failed", "ok")
 	m.Pick(100 * time.Nanosecond)
 	m.StoreOp("get", time.Millisecond, errors.New("timeout"))

@@ -79,9 +79,15 @@ func freeTCPAddr(tb testing.TB) *net.TCPAddr {
 // backend-(n-1) on free loopback ports; they close when the test ends.
 func StartBackends(tb testing.TB, n int) []*mcpbackend.Backend {
 	tb.Helper()
+	return StartBackendsWith(tb, n, mcpbackend.Options{})
+}
+
+// StartBackendsWith is StartBackends with options (stateless backends).
+func StartBackendsWith(tb testing.TB, n int, o mcpbackend.Options) []*mcpbackend.Backend {
+	tb.Helper()
 	backends := make([]*mcpbackend.Backend, 0, n)
 	for i := range n {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i), "127.0.0.1:0")
+		b, err := mcpbackend.StartWith(fmt.Sprintf("backend-%d", i), "127.0.0.1:0", o)
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestRequestEra(t *testing.T) {
+	for _, tc := range []struct {
+		version, sid string
+		kind         Kind
+		want         Era
+	}{
+		{"2026-07-28", "", KindRequest, EraModern},
+		{"2027-01-01", "", KindRequest, EraModern}, // later versions keep the headers
+		{"2026-07-28", "", KindNotification, EraModern},
+		{"2026-07-28", "", KindStream, EraModern},
+		{"2025-11-25", "", KindRequest, EraLegacy},
+		{"", "", KindRequest, EraLegacy},
+		{"2026-07-28", "s-1", KindRequest, EraLegacy},    // a session is legacy
+		{"2026-07-28", "", KindInitialize, EraLegacy},    // so is initialize
+		{"9", "", KindRequest, EraLegacy},                // "9" > "2026-..." as strings, but no date
+		{"2026-07-28 ", "", KindRequest, EraLegacy},      // not a date's shape
+		{"2026-07-2x", "", KindRequest, EraLegacy},       // nor this
+		{"2026-7-28", "", KindRequest, EraLegacy},        // nor this
+		{"2026-07-27", "", KindRequest, EraLegacy},       // the day before
+		{"2026_07_28", "", KindRequest, EraLegacy},       // separators matter
+		{"20260-7-28", "", KindRequest, EraLegacy},       // positions too
+		{"2099-99-99", "", KindRequest, EraModern},       // shape only: the backend refuses unknown versions
+		{"2026-07-28", "", KindResponse, EraModern},      // modern, though never validated (no routing headers on responses)
+		{"2025-06-18", "s-1", KindDelete, EraLegacy},     // legacy session end
+		{"2026-07-28", "", KindOther, EraModern},         // an OPTIONS preflight of a modern client
+		{"2024-11-05", "", KindNotification, EraLegacy},  // an old client's notification
+		{"2026-07-28", "x", KindNotification, EraLegacy}, // a session's notification
+	} {
+		c := Classification{Kind: tc.kind, ProtocolVersion: tc.version, SessionID: tc.sid}
+		if got := requestEra(&c); got != tc.want {
+			t.Errorf("version %q session %q kind %v: era %v, want %v", tc.version, tc.sid, tc.kind, got, tc.want)
+		}
+	}
+}
+
+func TestDecodeHeaderValue(t *testing.T) {
+	// The examples of streamable-http.mdx, "Value Encoding".
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"us-west1", "us-west1", true},
+		{"=?base64?SGVsbG8sIOS4lueVjA==?=", "Hello, 世界", true},
+		{"=?base64?IHBhZGRlZCA=?=", " padded ", true},
+		{"=?base64?bGluZTEKbGluZTI=?=", "line1\nline2", true},
+		{"=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?=", "=?base64?literal?=", true},
+		{"=?base64?SGVsbG8?=", "", false},                    // invalid padding (SEP-2243: reject)
+		{"=?base64?SGVs!!!bG8=?=", "", false},                // invalid characters (SEP-2243: reject)
+		{"SGVsbG8=", "SGVsbG8=", true},                       // missing prefix: literal
+		{"=?base64?SGVsbG8=", "=?base64?SGVsbG8=", true},     // missing suffix: literal
+		{"=?BASE64?SGVsbG8=?=", "=?BASE64?SGVsbG8=?=", true}, // markers are case-sensitive
+		{"=?base64??=", "", true},
+	} {
+		got, ok := decodeHeaderValue(tc.in)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("decode %q = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestMethodLabelIsBounded(t *testing.T) {
+	for method, want := range map[string]string{
+		"tools/call": "tools/call", "server/discover": "server/discover", "tasks/get": "tasks/get",
+		"initialize": "initialize", "": "", "tools/CALL": "other", "x/" + strings.Repeat("y", 100): "other",
+	} {
+		if got := MethodLabel(method); got != want {
+			t.Errorf("MethodLabel(%q) = %q, want %q", method, got, want)
+		}
+	}
+}
+
+// FuzzClassifyModern drives the classifier with a body and the routing
+// headers. Whatever comes, a request is refused with 400 (or 413), and
+// one that is accepted as modern has headers that agree with its body as
+// encoding/json reads it; legacy requests are never refused for their
+// headers.
+func FuzzClassifyModern(f *testing.F) {
+	const call = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`
+	for _, seed := range []struct{ body, version, method, name string }{
+		{call, "2026-07-28", "tools/call", "a"},
+		{call, "2026-07-28", "tools/call", "b"},
+		{call, "2026-07-28", "tools/call", "=?base64?YQ==?="},
+		{call, "2026-07-28", "", ""},
+		{call, "2025-11-25", "x", "y"},
+		{`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///x"}}`, "2026-07-28", "resources/read", "file:///x"},
+		{`{"jsonrpc":"2.0","id":"t","method":"tasks/get","params":{"taskId":"t-1"}}`, "2026-07-28", "tasks/get", "t-1"},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"n\u0061me":"a","name":"a"}}`, "2026-07-28", "tools/call", "a"},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled"}`, "2026-07-28", "", ""},
+		{`[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, "2026-07-28", "ping", ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`, "2026-07-28", "x", ""},
+	} {
+		f.Add(seed.body, seed.version, seed.method, seed.name)
+	}
+	f.Fuzz(func(t *testing.T, body, version, method, name string) {
+		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
+		r.Header.Set("Mcp-Protocol-Version", version)
+		if method != "" {
+			r.Header.Set("Mcp-Method", method)
+		}
+		if name != "" {
+			r.Header.Set("Mcp-Name", name)
+		}
+		c, rerr := classify(r, 1<<16, nil)
+		if rerr != nil {
+			if rerr.status != http.StatusBadRequest && rerr.status != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d", rerr.status)
+			}
+			if rerr.code == codeHeaderMismatch && c.Era != EraModern {
+				t.Fatalf("a %v request refused for its headers: %s", c.Era, rerr.message)
+			}
+			return
+		}
+		if c.Era != requestEra(&c) {
+			t.Fatalf("era %v, the rule says %v", c.Era, requestEra(&c))
+		}
+		if c.Era != EraModern {
+			return
+		}
+		if c.Batch {
+			t.Fatalf("modern batch accepted: %q", body)
+		}
+		if c.Kind != KindRequest {
+			return
+		}
+		if method != c.Method {
+			t.Fatalf("accepted Mcp-Method %q for body method %q", method, c.Method)
+		}
+		member := nameMember(c.Method)
+		if member == "" {
+			return
+		}
+		// encoding/json's reading of the body: exact member names, as the
+		// SDKs read them.
+		var msg struct {
+			Params map[string]json.RawMessage `json:"params"`
+		}
+		if err := json.Unmarshal([]byte(body), &msg); err != nil {
+			t.Fatalf("accepted a body encoding/json refuses: %v", err)
+		}
+		var want string
+		if err := json.Unmarshal(msg.Params[member], &want); err != nil {
+			t.Fatalf("accepted %s without a string params.%s: %q", c.Method, member, body)
+		}
+		decoded, ok := decodeHeaderValue(name)
+		if !ok || decoded != want || c.Name != want {
+			t.Fatalf("accepted Mcp-Name %q (decoded %q) and name %q for body value %q", name, decoded, c.Name, want)
+		}
+	})
+}
