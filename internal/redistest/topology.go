@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -117,6 +118,10 @@ func (d *Sentinel) CurrentPrimary() *Server {
 	d.tb.Fatalf("sentinels name %s, not a server of the test", addr)
 	return nil
 }
+
+// PrimaryAddr is the primary's address as the first answering sentinel
+// names it.
+func (d *Sentinel) PrimaryAddr() (string, error) { return d.primaryAddr() }
 
 func (d *Sentinel) primaryAddr() (string, error) {
 	var last error
@@ -274,12 +279,29 @@ func (c *Cluster) URL() string {
 // PrimaryFor is the node that serves key, as a running node tells.
 func (c *Cluster) PrimaryFor(key string) *Server {
 	c.tb.Helper()
+	addr, err := c.PrimaryAddrFor(key)
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	for _, s := range c.Nodes {
+		if s.Addr() == addr {
+			return s
+		}
+	}
+	c.tb.Fatalf("%s serves %q, not a node of the test", addr, key)
+	return nil
+}
+
+// PrimaryAddrFor is the address of the node that serves key, as the first
+// answering node tells.
+func (c *Cluster) PrimaryAddrFor(key string) (string, error) {
+	var last error = errors.New("no node running")
 	for _, n := range c.Nodes {
 		if n.cmd == nil {
 			continue
 		}
 		var addr string
-		err := withClient(n.Addr(), func(ctx context.Context, cl *redis.Client) error {
+		last = withClient(n.Addr(), func(ctx context.Context, cl *redis.Client) error {
 			slot, err := cl.ClusterKeySlot(ctx, key).Result()
 			if err != nil {
 				return err
@@ -293,19 +315,16 @@ func (c *Cluster) PrimaryFor(key string) *Server {
 					addr = s.Nodes[0].Addr
 				}
 			}
+			if addr == "" {
+				return fmt.Errorf("node %s: no node serves slot %d", n.Addr(), slot)
+			}
 			return nil
 		})
-		if err != nil || addr == "" {
-			continue
-		}
-		for _, s := range c.Nodes {
-			if s.Addr() == addr {
-				return s
-			}
+		if last == nil {
+			return addr, nil
 		}
 	}
-	c.tb.Fatalf("no node tells who serves %q", key)
-	return nil
+	return "", last
 }
 
 // WaitFailover waits until the running nodes name a primary other than old
@@ -343,4 +362,64 @@ func withClient(addr string, fn func(ctx context.Context, c *redis.Client) error
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return fn(ctx, c)
+}
+
+// WaitReplicated waits until the replica has every write its primary
+// acknowledged (replication offsets equal): a write before this call
+// survives the primary's death. Writes must have stopped.
+func (d *Sentinel) WaitReplicated() {
+	d.tb.Helper()
+	testkit.EventuallyNoError(d.tb, setupTimeout, func() error { return caughtUp(d.Replica.Addr()) }, "the replica caught up")
+}
+
+// WaitReplicated is Sentinel.WaitReplicated for every replica of the
+// cluster.
+func (c *Cluster) WaitReplicated() {
+	c.tb.Helper()
+	testkit.EventuallyNoError(c.tb, setupTimeout, func() error {
+		for _, n := range c.Nodes {
+			if n.cmd == nil {
+				continue
+			}
+			if err := caughtUp(n.Addr()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, "the replicas caught up")
+}
+
+// caughtUp checks that the server at addr, if a replica, has its
+// primary's replication offset.
+func caughtUp(addr string) error {
+	field := func(info, name string) string {
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, name+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	var info string
+	if err := withClient(addr, func(ctx context.Context, c *redis.Client) (err error) {
+		info, err = c.Info(ctx, "replication").Result()
+		return err
+	}); err != nil {
+		return err
+	}
+	if field(info, "role") != "slave" {
+		return nil
+	}
+	primary := net.JoinHostPort(field(info, "master_host"), field(info, "master_port"))
+	var pinfo string
+	if err := withClient(primary, func(ctx context.Context, c *redis.Client) (err error) {
+		pinfo, err = c.Info(ctx, "replication").Result()
+		return err
+	}); err != nil {
+		return err
+	}
+	if got, want := field(info, "slave_repl_offset"), field(pinfo, "master_repl_offset"); got != want {
+		return fmt.Errorf("replica %s at offset %s, primary %s at %s", addr, got, primary, want)
+	}
+	return nil
 }

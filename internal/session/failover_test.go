@@ -1,0 +1,97 @@
+package session_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/session"
+)
+
+// The primary dies (SIGKILL) during traffic: live sessions keep working
+// from the cache, the store takes new sessions again once the replica is
+// promoted, and no record acknowledged before the kill, once replicated, is
+// lost. The figures are logged (go test -v -run TestRedisFailover).
+//
+// Every session id carries the hash tag {f}: in the cluster, all records
+// live in the slot of the primary that is killed.
+func TestRedisFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Sentinel deployment and a cluster and fails them over")
+	}
+	t.Run("Sentinel", func(t *testing.T) {
+		d := redistest.StartSentinel(t)
+		testFailover(t, d.URL(), d.WaitReplicated, func() (string, func() (string, error)) {
+			old := d.CurrentPrimary()
+			old.Kill()
+			return old.Addr(), d.PrimaryAddr
+		})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t)
+		const key = "fo:s:{f}"
+		testFailover(t, c.URL(), c.WaitReplicated, func() (string, func() (string, error)) {
+			old := c.PrimaryFor(key)
+			old.Kill()
+			return old.Addr(), func() (string, error) { return c.PrimaryAddrFor(key) }
+		})
+	})
+}
+
+// testFailover runs traffic after kill killed the primary (it returns the
+// dead primary's address and how to ask for the current one) until the
+// store takes new sessions again.
+func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (string, func() (string, error))) {
+	const live = 30
+	shared := newTargetStore(t, url, session.RedisOptions{Prefix: "fo:", Timeout: 200 * time.Millisecond})
+	cache := session.NewCache(session.CacheOptions{Shared: shared, Size: 1000})
+	t.Cleanup(func() { cache.Close() })
+	ctx := t.Context()
+	for i := range live {
+		if err := cache.Create(ctx, rec(fmt.Sprintf("{f}live-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReplicated()
+
+	old, primary := kill()
+	killed := time.Now()
+	var promoted, recovered time.Time
+	liveErrors, cacheCreateErrors, rounds := 0, 0, 0
+	deadline := killed.Add(60 * time.Second)
+	for recovered.IsZero() || promoted.IsZero() {
+		if time.Now().After(deadline) {
+			t.Fatalf("within 60 s of the kill: promoted %v, new session stored %v", !promoted.IsZero(), !recovered.IsZero())
+		}
+		rounds++
+		for i := range live {
+			if _, err := cache.Get(ctx, fmt.Sprintf("{f}live-%d", i)); err != nil {
+				liveErrors++
+			}
+		}
+		if err := cache.Create(ctx, rec(fmt.Sprintf("{f}cached-%d", rounds))); err != nil {
+			cacheCreateErrors++
+		}
+		if err := shared.Create(ctx, rec(fmt.Sprintf("{f}new-%d", rounds))); err == nil && recovered.IsZero() {
+			recovered = time.Now()
+		}
+		if addr, err := primary(); err == nil && addr != old && promoted.IsZero() {
+			promoted = time.Now()
+		}
+		time.Sleep(20 * time.Millisecond) // paces the traffic; nothing waits on it
+	}
+	lost := 0
+	for i := range live {
+		if _, err := shared.Get(ctx, fmt.Sprintf("{f}live-%d", i)); err != nil {
+			lost++
+		}
+	}
+	t.Logf("failover: replica promoted %v after the kill, store took a new session %v after the kill; "+
+		"live-session errors %d in %d rounds of %d, cache creates failed %d, acknowledged records lost %d of %d",
+		promoted.Sub(killed).Round(10*time.Millisecond), recovered.Sub(killed).Round(10*time.Millisecond),
+		liveErrors, rounds, live, cacheCreateErrors, lost, live)
+	if liveErrors != 0 || cacheCreateErrors != 0 || lost != 0 {
+		t.Errorf("live-session errors %d, cache create errors %d, records lost %d; want none", liveErrors, cacheCreateErrors, lost)
+	}
+}
