@@ -2,8 +2,12 @@ package session_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
@@ -51,6 +55,10 @@ func TestRedisTopologies(t *testing.T) {
 			})
 			t.Run("BackendSessions", func(t *testing.T) {
 				testBackendSessions(t, newTargetStore(t, url, session.RedisOptions{Prefix: "counts:"}))
+			})
+			t.Run("CountsDrift", func(t *testing.T) {
+				testCountsDrift(t, url, newTargetStore(t, url, session.RedisOptions{Prefix: "drift:"}),
+					newTargetStore(t, url, session.RedisOptions{Prefix: "drift:"}))
 			})
 			t.Run("Invalidations", func(t *testing.T) {
 				testInvalidations(t, newTargetStore(t, url, session.RedisOptions{Prefix: "inv:"}))
@@ -141,5 +149,99 @@ func testInvalidations(t *testing.T, s *session.Redis) {
 		case <-ctx.Done():
 			t.Fatal("no invalidation for Delete")
 		}
+	}
+}
+
+// testCountsDrift: 1,000 sessions created, half of them moved to another
+// backend and a quarter deleted, concurrently through two stores (two
+// replicas): the counts must match the records exactly, and a repair pass
+// must find nothing to repair. The drift is logged.
+func testCountsDrift(t *testing.T, url string, a, b *session.Redis) {
+	const sessions, workers = 1000, 8
+	backends := []string{"10.0.0.1:8080/a", "10.0.0.2:8080/b", "10.0.0.3:8080/c"}
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		s := []*session.Redis{a, b}[w%2]
+		wg.Go(func() {
+			for i := w; i < sessions; i += workers {
+				r := rec(fmt.Sprintf("drift-%d", i))
+				r.BackendID = backends[i%3]
+				if err := s.Create(ctx, r); err != nil {
+					errs <- err
+					return
+				}
+				if i%2 == 0 {
+					cur, err := s.Get(ctx, r.ClientSID)
+					if err != nil {
+						errs <- err
+						return
+					}
+					next := cur.Clone()
+					next.BackendID = backends[(i+1)%3]
+					if _, err := s.Swap(ctx, cur, next); err != nil {
+						errs <- err
+						return
+					}
+				}
+				if i%4 == 1 {
+					if _, err := s.Delete(ctx, r.ClientSID); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	truth := map[string]int64{}
+	for i := range sessions {
+		r, err := a.Get(ctx, fmt.Sprintf("drift-%d", i))
+		if err == nil {
+			truth[r.BackendID]++
+		}
+	}
+	got, err := b.BackendSessions(ctx, backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drift := int64(0)
+	for _, id := range backends {
+		drift += max(got[id]-truth[id], truth[id]-got[id])
+	}
+	removed, moved, err := a.RepairCounts(ctx, backends)
+	t.Logf("counts %v, records %v: drift %d of %d; repair removed %d, moved %d (%v)", got, truth, drift, sessions, removed, moved, err)
+	if drift != 0 || removed != 0 || moved != 0 || err != nil {
+		t.Errorf("drift %d, repair removed %d, moved %d, %v; want exact counts", drift, removed, moved, err)
+	}
+
+	// A drift injected by hand (a deleted session left in a set, a live
+	// one in the wrong set, a live one's score behind its expiry) is
+	// repaired.
+	target, err := session.ParseRedisURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := session.NewRedisTargetClient(target, time.Second)
+	defer raw.Close()
+	late := float64(time.Now().Add(time.Minute).UnixMilli())
+	for _, z := range []struct {
+		backend, sid string
+	}{{backends[1], "drift-1"}, {backends[2], "drift-0"}, {backends[1], "drift-0"}} {
+		if err := raw.ZAdd(ctx, "drift:b:"+z.backend, redis.Z{Score: late, Member: z.sid}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, moved, err = a.RepairCounts(ctx, backends)
+	if removed != 2 || moved != 1 || err != nil {
+		t.Errorf("repair of 3 injected errors: removed %d (want 2), moved %d (want 1), %v", removed, moved, err)
+	}
+	if got, err := b.BackendSessions(ctx, backends); err != nil || got[backends[1]] != truth[backends[1]] || got[backends[2]] != truth[backends[2]] {
+		t.Errorf("counts after the repair %v, %v; want %v", got, err, truth)
 	}
 }
