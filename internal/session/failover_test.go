@@ -2,11 +2,13 @@ package session_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // The primary dies (SIGKILL) during traffic: live sessions keep working
@@ -44,7 +46,7 @@ func TestRedisFailover(t *testing.T) {
 // store takes new sessions again.
 func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (string, func() (string, error))) {
 	const live = 30
-	shared := newTargetStore(t, url, session.RedisOptions{Prefix: "fo:", Timeout: 200 * time.Millisecond})
+	shared := newTargetStore(t, url, session.RedisOptions{Prefix: "fo:", Timeout: 200 * time.Millisecond, WatchTopology: true})
 	cache := session.NewCache(session.CacheOptions{Shared: shared, Size: 1000})
 	t.Cleanup(func() { cache.Close() })
 	ctx := t.Context()
@@ -94,4 +96,9 @@ func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (
 	if liveErrors != 0 || cacheCreateErrors != 0 || lost != 0 {
 		t.Errorf("live-session errors %d, cache create errors %d, records lost %d; want none", liveErrors, cacheCreateErrors, lost)
 	}
+	// The store saw the primary replaced, and names the new one.
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		st := cache.Topology()
+		return st.Failovers == 1 && !slices.Contains(st.Primaries, old)
+	}, "one failover seen, %s no longer a primary (%+v)", old, cache.Topology())
 }

@@ -66,6 +66,8 @@ type Redis struct {
 	// each script (Redis Cluster), not inside it.
 	countsApart bool
 	repair      countRepair
+	sentinel    bool // the client is a Sentinel failover client
+	watch       topologyWatch
 	prefix      string
 	ttl         time.Duration
 	maxAge      time.Duration
@@ -90,12 +92,22 @@ type RedisOptions struct {
 	// Observe is told of every round trip: the operation, its duration, and
 	// its failure (nil for success, not-found and lost compare-and-swap).
 	Observe func(op string, d time.Duration, err error)
+	// Sentinel tells that Client is a Sentinel failover client (go-redis
+	// gives it the type of a one-server client); see NewRedisTargetClient.
+	Sentinel bool
+	// WatchTopology follows a Sentinel or Cluster deployment's primaries
+	// until Close, for Topology (its failovers).
+	WatchTopology bool
 }
 
 // NewRedis returns a store on an existing client.
 func NewRedis(opts RedisOptions) *Redis {
 	r := &Redis{client: opts.Client, prefix: opts.Prefix, ttl: opts.TTL, maxAge: opts.MaxAge, timeout: opts.Timeout, now: opts.Now}
 	_, r.countsApart = opts.Client.(*redis.ClusterClient)
+	r.sentinel = opts.Sentinel
+	if opts.WatchTopology {
+		r.watchTopology()
+	}
 	if r.prefix == "" {
 		r.prefix = "tether:"
 	}
@@ -920,5 +932,6 @@ func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
 // Close closes the client (after the repair pass running, if any).
 func (r *Redis) Close() error {
 	r.repair.wait()
+	r.stopWatch()
 	return r.client.Close()
 }

@@ -25,6 +25,7 @@ func newTargetStore(t *testing.T, url string, opts session.RedisOptions) *sessio
 		t.Fatal(err)
 	}
 	opts.Client = session.NewRedisTargetClient(target, 500*time.Millisecond) // -race on 2 cores, 6 nodes
+	opts.Sentinel = target.Topology == session.RedisSentinel
 	if opts.Timeout == 0 {
 		opts.Timeout = 500 * time.Millisecond
 	}
