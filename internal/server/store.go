@@ -40,6 +40,10 @@ func newStore(cfg Config, log *slog.Logger, metrics *telemetry.Metrics, onChange
 		MaxAge:  cfg.SessionMaxAge,
 		Timeout: cfg.RedisTimeout,
 		Observe: metrics.StoreOp,
+		// Sentinel and Cluster: the primaries are followed for
+		// tether_store_failovers_total and tether status.
+		Sentinel:      cfg.Redis.Topology == session.RedisSentinel,
+		WatchTopology: true,
 	})
 	// Redis being down at start is an outage like any other: tether starts
 	// degraded rather than not at all.
@@ -70,7 +74,9 @@ func StoreStats(store session.Store) telemetry.StoreStat {
 		}
 	case *session.Cache:
 		st := s.Stats()
+		top := s.Topology()
 		return telemetry.StoreStat{
+			Topology: string(top.Topology), Primaries: top.Primaries, Failovers: top.Failovers,
 			CacheHits: st.Hits, CacheMisses: st.Misses, Pending: st.Pending, Unwritten: st.Unwritten,
 			Sessions: st.Entries, InitBytes: st.InitBytes,
 			EvictedMaxSessions: st.EvictedMaxSessions, EvictedMaxInitBytes: st.EvictedMaxInitBytes,

@@ -50,6 +50,12 @@ type StoreStat struct {
 	// UnflushedAtClose: records kept during an outage that Close could not
 	// write.
 	SlowReplies, Recoveries, WrittenBack, Collisions, UnflushedAtClose int64
+	// Topology is the Redis deployment (single, sentinel, cluster; "" for
+	// the memory store), Primaries the primaries tether talks to, and
+	// Failovers the primaries seen replaced.
+	Topology  string
+	Primaries []string
+	Failovers int64
 }
 
 // MetricsOptions wires the scrape-time views.
@@ -275,6 +281,9 @@ var (
 	writtenBackDesc = prometheus.NewDesc("tether_store_written_back_records_total", "Cached session records written back to Redis after it lost its data.", nil, nil)
 	collisionsDesc  = prometheus.NewDesc("tether_store_pending_collisions_total", "Session records kept locally during an outage whose id another session took in Redis meanwhile (dropped).", nil, nil)
 	unflushedDesc   = prometheus.NewDesc("tether_store_unflushed_at_close_total", "Session records kept during an outage that could not be written at shutdown (lost).", nil, nil)
+	topologyDesc    = prometheus.NewDesc("tether_store_topology_info", "The Redis deployment the sessions live in (topology single, sentinel or cluster); always 1.", []string{"topology"}, nil)
+	primaryDesc     = prometheus.NewDesc("tether_store_primary_info", "A Redis primary tether talks to (the server, the Sentinel-found primary, or each cluster master), as last seen; always 1.", []string{"addr"}, nil)
+	failoversDesc   = prometheus.NewDesc("tether_store_failovers_total", "Redis primaries seen replaced by another (Sentinel or Cluster failovers).", nil, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -282,7 +291,8 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- cacheMissesDesc
 	ch <- pendingDesc
 	ch <- unwrittenDesc
-	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc} {
+	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc,
+		topologyDesc, primaryDesc, failoversDesc} {
 		ch <- d
 	}
 }
@@ -302,6 +312,13 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(writtenBackDesc, prometheus.CounterValue, float64(s.WrittenBack))
 	ch <- prometheus.MustNewConstMetric(collisionsDesc, prometheus.CounterValue, float64(s.Collisions))
 	ch <- prometheus.MustNewConstMetric(unflushedDesc, prometheus.CounterValue, float64(s.UnflushedAtClose))
+	if s.Topology != "" {
+		ch <- prometheus.MustNewConstMetric(topologyDesc, prometheus.GaugeValue, 1, s.Topology)
+		ch <- prometheus.MustNewConstMetric(failoversDesc, prometheus.CounterValue, float64(s.Failovers))
+		for _, p := range s.Primaries {
+			ch <- prometheus.MustNewConstMetric(primaryDesc, prometheus.GaugeValue, 1, p)
+		}
+	}
 }
 
 // LimitRejected counts one request refused by the named limit.
