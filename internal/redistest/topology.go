@@ -423,3 +423,51 @@ func caughtUp(addr string) error {
 	}
 	return nil
 }
+
+// Reshard moves slots slots from the primary serving key to another
+// primary (`redis-cli --cluster reshard`), keys included: during the move
+// clients get MOVED and ASK redirections. It returns an error rather than
+// failing the test, so that it may run beside the test's traffic.
+func (c *Cluster) Reshard(ctx context.Context, key string, slots int) error {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return err
+	}
+	from, err := c.PrimaryAddrFor(key)
+	if err != nil {
+		return err
+	}
+	var fromID, toID string
+	for _, n := range c.Nodes {
+		if n.cmd == nil {
+			continue
+		}
+		var id string
+		var role []any
+		if err := withClient(n.Addr(), func(ctx context.Context, cl *redis.Client) (err error) {
+			if id, err = cl.Do(ctx, "CLUSTER", "MYID").Text(); err != nil {
+				return err
+			}
+			role, err = cl.Do(ctx, "ROLE").Slice()
+			return err
+		}); err != nil {
+			return err
+		}
+		switch {
+		case n.Addr() == from:
+			fromID = id
+		case toID == "" && len(role) > 0 && role[0] == "master":
+			toID = id
+		}
+	}
+	if fromID == "" || toID == "" {
+		return fmt.Errorf("no source (%q) or destination (%q) primary", fromID, toID)
+	}
+	out, err := exec.CommandContext(ctx, cli, "--cluster", "reshard", from,
+		"--cluster-from", fromID, "--cluster-to", toID, "--cluster-slots", strconv.Itoa(slots),
+		"--cluster-yes", "--cluster-pipeline", "10").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("redis-cli --cluster reshard: %v\n%s", err, out)
+	}
+	return nil
+}

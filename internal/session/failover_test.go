@@ -1,6 +1,7 @@
 package session_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -101,4 +102,69 @@ func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (
 		st := cache.Topology()
 		return st.Failovers == 1 && !slices.Contains(st.Primaries, old)
 	}, "one failover seen, %s no longer a primary (%+v)", old, cache.Topology())
+}
+
+// A slot migration (MOVED and ASK redirections) during traffic: no call
+// fails, and every session is where it was left.
+func TestRedisClusterReshard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and reshards it")
+	}
+	c := redistest.StartCluster(t)
+	s := newTargetStore(t, c.URL(), session.RedisOptions{Prefix: "rs:"})
+	ctx := t.Context()
+	const sessions = 300
+	for i := range sessions {
+		if err := s.Create(ctx, rec(fmt.Sprintf("rs-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reshard := make(chan error, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		reshard <- c.Reshard(rctx, "rs:s:rs-0", 2000) // a third of a primary's slots
+	}()
+	errs, rounds, created := 0, 0, 0
+	var reshardErr error
+	for done := false; !done; {
+		select {
+		case reshardErr = <-reshard:
+			done = true
+		default:
+		}
+		rounds++
+		for i := range sessions {
+			sid := fmt.Sprintf("rs-%d", i)
+			cur, err := s.Get(ctx, sid)
+			if err != nil {
+				t.Logf("Get %s: %v", sid, err)
+				errs++
+				continue
+			}
+			if i%10 == rounds%10 {
+				if _, err := s.Swap(ctx, cur, cur.Clone()); err != nil {
+					t.Logf("Swap %s: %v", sid, err)
+					errs++
+				}
+			}
+		}
+		created++
+		if err := s.Create(ctx, rec(fmt.Sprintf("rs-new-%d", created))); err != nil {
+			t.Logf("Create: %v", err)
+			errs++
+		}
+		if _, err := s.BackendSessions(ctx, []string{rec("x").BackendID}); err != nil {
+			t.Logf("BackendSessions: %v", err)
+			errs++
+		}
+	}
+	if reshardErr != nil {
+		t.Fatal(reshardErr)
+	}
+	counts, err := s.BackendSessions(ctx, []string{rec("x").BackendID})
+	t.Logf("reshard of 2000 slots during %d rounds of %d sessions: %d errors; count %v (%v), want %d", rounds, sessions, errs, counts, err, sessions+created)
+	if errs != 0 || err != nil || counts[rec("x").BackendID] != int64(sessions+created) {
+		t.Errorf("%d errors, count %v (%v); want 0 errors and %d sessions", errs, counts, err, sessions+created)
+	}
 }
