@@ -42,17 +42,29 @@ func TestRedisFailover(t *testing.T) {
 	})
 }
 
-// testFailover runs traffic after kill killed the primary (it returns the
-// dead primary's address and how to ask for the current one) until the
-// store takes new sessions again.
+// testFailover runs traffic through two replicas (two caches, each with
+// its own store and connections) after kill killed the primary (it returns
+// the dead primary's address and how to ask for the current one) until
+// the store takes new sessions again; then the sessions the replicas kept
+// locally meanwhile must reach Redis, and be read by the other replica.
 func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (string, func() (string, error))) {
 	const live = 30
-	shared := newTargetStore(t, url, session.RedisOptions{Prefix: "fo:", Timeout: 200 * time.Millisecond, WatchTopology: true})
-	cache := session.NewCache(session.CacheOptions{Shared: shared, Size: 1000})
-	t.Cleanup(func() { cache.Close() })
+	opts := session.RedisOptions{Prefix: "fo:", Timeout: 200 * time.Millisecond, WatchTopology: true}
+	shared := newTargetStore(t, url, opts)
+	replicas := []*session.Cache{
+		session.NewCache(session.CacheOptions{Shared: shared, Size: 1000}),
+		session.NewCache(session.CacheOptions{Shared: newTargetStore(t, url, opts), Size: 1000}),
+	}
+	for _, c := range replicas {
+		t.Cleanup(func() { c.Close() })
+	}
 	ctx := t.Context()
 	for i := range live {
-		if err := cache.Create(ctx, rec(fmt.Sprintf("{f}live-%d", i))); err != nil {
+		sid := fmt.Sprintf("{f}live-%d", i)
+		if err := replicas[i%2].Create(ctx, rec(sid)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := replicas[(i+1)%2].Get(ctx, sid); err != nil { // the other replica learns it
 			t.Fatal(err)
 		}
 	}
@@ -62,6 +74,7 @@ func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (
 	killed := time.Now()
 	var promoted, recovered time.Time
 	liveErrors, cacheCreateErrors, rounds := 0, 0, 0
+	var keptLocally []string
 	deadline := killed.Add(60 * time.Second)
 	for recovered.IsZero() || promoted.IsZero() {
 		if time.Now().After(deadline) {
@@ -69,12 +82,17 @@ func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (
 		}
 		rounds++
 		for i := range live {
-			if _, err := cache.Get(ctx, fmt.Sprintf("{f}live-%d", i)); err != nil {
-				liveErrors++
+			for _, c := range replicas {
+				if _, err := c.Get(ctx, fmt.Sprintf("{f}live-%d", i)); err != nil {
+					liveErrors++
+				}
 			}
 		}
-		if err := cache.Create(ctx, rec(fmt.Sprintf("{f}cached-%d", rounds))); err != nil {
+		sid := fmt.Sprintf("{f}cached-%d", rounds)
+		if err := replicas[rounds%2].Create(ctx, rec(sid)); err != nil {
 			cacheCreateErrors++
+		} else {
+			keptLocally = append(keptLocally, sid)
 		}
 		if err := shared.Create(ctx, rec(fmt.Sprintf("{f}new-%d", rounds))); err == nil && recovered.IsZero() {
 			recovered = time.Now()
@@ -91,17 +109,24 @@ func testFailover(t *testing.T, url string, waitReplicated func(), kill func() (
 		}
 	}
 	t.Logf("failover: replica promoted %v after the kill, store took a new session %v after the kill; "+
-		"live-session errors %d in %d rounds of %d, cache creates failed %d, acknowledged records lost %d of %d",
+		"live-session errors %d in %d rounds of %d sessions through 2 replicas, cache creates failed %d, acknowledged records lost %d of %d",
 		promoted.Sub(killed).Round(10*time.Millisecond), recovered.Sub(killed).Round(10*time.Millisecond),
 		liveErrors, rounds, live, cacheCreateErrors, lost, live)
 	if liveErrors != 0 || cacheCreateErrors != 0 || lost != 0 {
 		t.Errorf("live-session errors %d, cache create errors %d, records lost %d; want none", liveErrors, cacheCreateErrors, lost)
 	}
+	// Sessions created during the failover (kept locally while the store
+	// failed) are written once it is back: the other replica reads them.
+	for i, sid := range keptLocally {
+		other := replicas[i%2] // keptLocally[i] was created through replicas[(i+1)%2]
+		testkit.EventuallyNoError(t, 30*time.Second, func() error { _, err := other.Get(ctx, sid); return err },
+			"%s, created during the failover, read through the other replica", sid)
+	}
 	// The store saw the primary replaced, and names the new one.
 	testkit.Eventually(t, 30*time.Second, func() bool {
-		st := cache.Topology()
+		st := replicas[0].Topology()
 		return st.Failovers == 1 && !slices.Contains(st.Primaries, old)
-	}, "one failover seen, %s no longer a primary (%+v)", old, cache.Topology())
+	}, "one failover seen, %s no longer a primary", old)
 }
 
 // A slot migration (MOVED and ASK redirections) during traffic: no call
