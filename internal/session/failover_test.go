@@ -2,8 +2,10 @@ package session_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -191,5 +193,62 @@ func TestRedisClusterReshard(t *testing.T) {
 	t.Logf("reshard of 2000 slots during %d rounds of %d sessions: %d errors; count %v (%v), want %d", rounds, sessions, errs, counts, err, sessions+created)
 	if errs != 0 || err != nil || counts[rec("x").BackendID] != int64(sessions+created) {
 		t.Errorf("%d errors, count %v (%v); want 0 errors and %d sessions", errs, counts, err, sessions+created)
+	}
+}
+
+// The invalidation subscription of a cluster is one connection to the
+// master of the channel's slot. When that master dies, go-redis
+// resubscribes through the new master (once the slot map is reloaded):
+// the cache is told (resubscribed, so it distrusts what it cached), and
+// invalidations are heard again.
+func TestRedisClusterInvalidationsSurviveFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and fails it over")
+	}
+	c := redistest.StartCluster(t)
+	s := newTargetStore(t, c.URL(), session.RedisOptions{Prefix: "inv:"})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	got := make(chan string, 256)
+	var resubscribed atomic.Int64
+	go s.Invalidations(ctx, func(sid string) {
+		select {
+		case got <- sid:
+		default:
+		}
+	}, func() { resubscribed.Add(1) }, nil)
+	hear := func(sid string) {
+		t.Helper()
+		// After the failover, a write may fail until the slot map is new.
+		testkit.EventuallyNoError(t, 30*time.Second, func() error {
+			if err := s.Create(ctx, rec(sid)); err != nil && !errors.Is(err, session.ErrExists) {
+				return err
+			}
+			return nil
+		}, "creating %s", sid)
+		for {
+			// Swap until heard: subscribing is asynchronous, and after the
+			// failover the swap itself may fail until the slot map is new.
+			if cur, err := s.Get(ctx, sid); err == nil {
+				s.Swap(ctx, cur, cur.Clone())
+			}
+			select {
+			case heard := <-got:
+				if heard == sid {
+					return
+				}
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatalf("no invalidation heard for %s", sid)
+			}
+		}
+	}
+	hear("before")
+	channelMaster := c.PrimaryFor("inv:invalidate")
+	channelMaster.Kill()
+	c.WaitFailover(channelMaster, "inv:invalidate")
+	hear("after")
+	if resubscribed.Load() == 0 {
+		t.Error("the subscription moved without telling the cache (resubscribed)")
 	}
 }
