@@ -31,6 +31,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/tether-mcp/tether/internal/inject"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
@@ -148,7 +149,7 @@ func render(t *testing.T, dir string) []runtime.Object {
 
 // Every kustomization renders.
 func TestKustomizationsRender(t *testing.T) {
-	for _, dir := range []string{"rbac", "base", "redis", "webhook", "examples/toolhive"} {
+	for _, dir := range []string{"rbac", "base", "redis", "redis/sentinel", "webhook", "examples/toolhive"} {
 		t.Run(dir, func(t *testing.T) {
 			if objs := render(t, dir); len(objs) == 0 {
 				t.Fatal("nothing rendered")
@@ -291,5 +292,45 @@ func TestWebhookManifests(t *testing.T) {
 	ns := find(objs, "tether-system", func(n *corev1.Namespace) string { return n.Name })
 	if ns == nil || ns.Labels["tether.dev/injection"] == "enabled" || wh.NamespaceSelector.MatchLabels["tether.dev/injection"] != "enabled" {
 		t.Error("the webhook's own namespace must not be selected for injection")
+	}
+}
+
+// The Sentinel example: the Secret's URL is one tether accepts, and names
+// the sentinels' pods and port and the master name they monitor; the
+// sentinels monitor the Redis servers' headless names with quorum 2.
+func TestRedisSentinelExample(t *testing.T) {
+	objs := render(t, "redis/sentinel")
+	secret := find(objs, "tether-redis", func(s *corev1.Secret) string { return s.Name })
+	if secret == nil {
+		t.Fatal("no Secret tether-redis")
+	}
+	target, err := session.ParseRedisURL(secret.StringData["url"])
+	if err != nil || target.Topology != session.RedisSentinel {
+		t.Fatalf("Secret url %q: %+v, %v; want a Sentinel URL", secret.StringData["url"], target, err)
+	}
+	sentinels := find(objs, "tether-redis-sentinel", func(s *appsv1.StatefulSet) string { return s.Name })
+	redis := find(objs, "tether-redis", func(s *appsv1.StatefulSet) string { return s.Name })
+	if sentinels == nil || redis == nil {
+		t.Fatal("missing StatefulSet tether-redis or tether-redis-sentinel")
+	}
+	if n := int(*sentinels.Spec.Replicas); n != len(target.Sentinel.SentinelAddrs) || n != 3 {
+		t.Errorf("%d sentinels, %d in the URL; want 3 and 3", n, len(target.Sentinel.SentinelAddrs))
+	}
+	for i, addr := range target.Sentinel.SentinelAddrs {
+		if want := "tether-redis-sentinel-" + strconv.Itoa(i) + "." + sentinels.Spec.ServiceName + ":26379"; addr != want {
+			t.Errorf("sentinel %d in the URL: %s, want %s", i, addr, want)
+		}
+	}
+	script := strings.Join(sentinels.Spec.Template.Spec.Containers[0].Command, " ")
+	for _, want := range []string{
+		"sentinel monitor " + target.Sentinel.MasterName + " $primary 6379 2",
+		`primary="tether-redis-0.` + redis.Spec.ServiceName + `"`,
+	} {
+		if !strings.Contains(script, want) {
+			t.Errorf("sentinel command lacks %q", want)
+		}
+	}
+	if *redis.Spec.Replicas < 2 {
+		t.Errorf("%d Redis servers: a failover needs a replica", *redis.Spec.Replicas)
 	}
 }

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/proxy"
@@ -123,7 +121,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.K8sService, "k8s-service", "", "NAMESPACE/NAME of the Service whose EndpointSlices are the backends")
 	fs.StringVar(&cfg.K8sPort, "k8s-port", "", "port NAME or NUMBER of the EndpointSlices (default: the only one)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, then $KUBECONFIG)")
-	fs.StringVar(&cfg.RedisURL, "redis-url", "", "redis:// or rediss:// URL of the shared session store (default: in-memory)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "URL of the shared session store: redis://, rediss://, redis+sentinel://, redis+cluster:// (see README; default: in-memory)")
 	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", cfg.RedisPrefix, "prefix of tether's Redis keys")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", cfg.RedisTimeout, "budget of one Redis call; a slower Redis counts as down")
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "PEM file of the CA that signed the Redis server's certificate (rediss://)")
@@ -264,7 +262,7 @@ func (c config) validate() error {
 		}
 	}
 	if c.RedisURL != "" {
-		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+		if _, err := session.ParseRedisURL(c.RedisURL); err != nil {
 			return urlError("--redis-url", c.RedisURL, err)
 		}
 	}

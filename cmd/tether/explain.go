@@ -264,8 +264,24 @@ func backendState(b endpointView) string {
 //	backend                state    sessions  share  in-flight
 //	http://10.0.0.7:8080   ready          12    40%          1
 //	…
+//
+// With Sentinel or Cluster, the store says so, with its primaries and the
+// failovers seen: "store redis sentinel, primary 10.0.0.9:6379, 1 failover
+// seen (healthy)".
 func writeStatus(w io.Writer, v endpointsView) {
 	store := v.Store.Kind
+	if t := v.Store.Topology; t != "" && t != "single" {
+		store += " " + t
+		switch len(v.Store.Primaries) {
+		case 0:
+			store += ", primary not seen yet"
+		case 1:
+			store += ", primary " + v.Store.Primaries[0]
+		default:
+			store += ", primaries " + strings.Join(v.Store.Primaries, " ")
+		}
+		store += ", " + plural(v.Store.Failovers, "failover") + " seen"
+	}
 	switch {
 	case v.Store.Degraded:
 		store += fmt.Sprintf(" (DEGRADED: Redis unreachable, serving from cache; %d records pending)", v.Store.Pending)

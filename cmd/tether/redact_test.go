@@ -40,6 +40,19 @@ func TestRedisURLPasswordNeverShown(t *testing.T) {
 		"redis://admin:" + secret + "%zz@127.0.0.1:6379", // an escape error quotes a piece
 		"redis://admin:a@" + secret + "/x@127.0.0.1:bad", // '@' and '/' in the password
 		"nope://admin:" + secret + "@127.0.0.1",
+		// Every malformed Sentinel and Cluster form.
+		"redis+sentinel://admin:" + secret + "@127.0.0.1:26379,127.0.0.1:26380",    // no master name
+		"redis+sentinel://admin:" + secret + "@127.0.0.1:26379/mymaster/x",         // bad db
+		"redis+sentinel://admin:" + secret + "@127.0.0.1:26379/mymaster/0/extra",   // too long a path
+		"redis+sentinel://admin:" + secret + "@127.0.0.1:26379,,127.0.0.1:1/m",     // empty host
+		"redis+sentinel://admin:" + secret + "@127.0.0.1:99999/mymaster",           // bad port
+		"redis+sentinel://admin:" + secret + "@/mymaster",                          // no host
+		"redis+sentinel://admin:" + secret + "@127.0.0.1/mymaster?dial_timeout=1s", // no query
+		"rediss+sentinel://admin:" + secret + "@127.0.0.1:0/mymaster",              // port 0
+		"redis+cluster://admin:" + secret + "@127.0.0.1:7000,127.0.0.1:7001/0",     // no db in a cluster
+		"redis+cluster://admin:" + secret + "@127.0.0.1:7000,127.0.0.1:x",          // bad port
+		"redis+cluster://admin:" + secret + "@",                                    // no host
+		"rediss+cluster://admin:" + secret + "@127.0.0.1:7000,",                    // empty host
 	}
 	for _, u := range bad {
 		for _, via := range []string{"flag", "env"} {

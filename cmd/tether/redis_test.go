@@ -64,17 +64,32 @@ func TestRedisOptions(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.RedisURL = "redis://127.0.0.1:6390/3"
 	cfg.RedisPassword = "from-env"
-	opt, err := redisOptions(cfg, log)
+	target, err := redisOptions(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if opt.Password != "from-env" || opt.DB != 3 || opt.TLSConfig != nil {
+	if opt := target.Single; opt.Password != "from-env" || opt.DB != 3 || opt.TLSConfig != nil {
 		t.Errorf("options %+v", opt)
 	}
 
 	cfg.RedisURL = "redis://:in-url@127.0.0.1:6390"
-	if opt, _ := redisOptions(cfg, log); opt.Password != "in-url" {
-		t.Errorf("URL password %q, want it to win over the environment", opt.Password)
+	if target, _ := redisOptions(cfg, log); target.Password() != "in-url" {
+		t.Errorf("URL password %q, want it to win over the environment", target.Password())
+	}
+
+	// The environment's password goes to the primary of a Sentinel
+	// deployment and to the nodes of a cluster.
+	cfg.RedisURL = "redis+sentinel://127.0.0.1:26390,127.0.0.1:26391/mymaster/2"
+	if target, err := redisOptions(cfg, log); err != nil || target.Sentinel.Password != "from-env" || target.Sentinel.DB != 2 {
+		t.Errorf("sentinel: %+v, %v", target, err)
+	}
+	cfg.RedisURL = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+	if target, err := redisOptions(cfg, log); err != nil || target.Cluster.Password != "from-env" {
+		t.Errorf("cluster: %+v, %v", target, err)
+	}
+	cfg.RedisURL = "rediss+cluster://127.0.0.1:7000"
+	if target, err := redisOptions(cfg, log); err != nil || target.Cluster.TLSConfig == nil {
+		t.Errorf("rediss+cluster: %+v, %v", target, err)
 	}
 
 	cfg.RedisURL = "redis://127.0.0.1:6390"

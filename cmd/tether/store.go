@@ -8,22 +8,22 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 // redisOptions parses --redis-url and applies the password from the
 // environment (never needed on the command line) and --redis-ca.
-func redisOptions(cfg config, log *slog.Logger) (*redis.Options, error) {
-	opt, err := redis.ParseURL(cfg.RedisURL)
+func redisOptions(cfg config, log *slog.Logger) (*session.RedisTarget, error) {
+	target, err := session.ParseRedisURL(cfg.RedisURL)
 	if err != nil {
 		return nil, urlError("--redis-url", cfg.RedisURL, err)
 	}
-	if opt.Password == "" && cfg.RedisPassword != "" {
-		opt.Password = cfg.RedisPassword
+	if target.Password() == "" && cfg.RedisPassword != "" {
+		target.SetPassword(cfg.RedisPassword)
 	}
 	if cfg.RedisCA != "" {
-		if opt.TLSConfig == nil {
-			return nil, errors.New("--redis-ca needs a rediss:// URL")
+		if !target.HasTLS() {
+			return nil, errors.New("--redis-ca needs a rediss:// URL (or rediss+sentinel://, rediss+cluster://)")
 		}
 		pem, err := os.ReadFile(cfg.RedisCA)
 		if err != nil {
@@ -33,13 +33,13 @@ func redisOptions(cfg config, log *slog.Logger) (*redis.Options, error) {
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("--redis-ca %s: no PEM certificate in the file", cfg.RedisCA)
 		}
-		opt.TLSConfig.RootCAs = pool
+		target.TLS().RootCAs = pool
 	}
-	if opt.TLSConfig != nil {
-		opt.TLSConfig.MinVersion = tls.VersionTLS12
+	if target.HasTLS() {
+		target.TLS().MinVersion = tls.VersionTLS12
 	}
-	if opt.Password != "" && opt.TLSConfig == nil && opt.Network != "unix" {
-		log.Warn("the Redis password travels over plain TCP; use rediss:// to encrypt it", "addr", opt.Addr)
+	if target.Password() != "" && !target.HasTLS() && !target.IsUnixSocket() {
+		log.Warn("the Redis password travels over plain TCP; use rediss:// to encrypt it", "addr", target.Addr())
 	}
-	return opt, nil
+	return target, nil
 }

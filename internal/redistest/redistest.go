@@ -29,18 +29,33 @@ type Server struct {
 // It fails the test when redis-server is not installed (CI installs it).
 func Start(tb testing.TB, extraArgs ...string) *Server {
 	tb.Helper()
+	return startWith(tb, func() int { return testkit.FreePort(tb) }, func(port int, dir string) []string {
+		return append(serverArgs(port, dir), extraArgs...)
+	})
+}
+
+// serverArgs are the arguments of every test server: loopback, no
+// persistence, quiet.
+func serverArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--protected-mode", "no", "--loglevel", "warning",
+	}
+}
+
+// startWith runs redis-server with the arguments args builds for a port
+// pick chose and a fresh directory.
+func startWith(tb testing.TB, pick func() int, args func(port int, dir string) []string) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatal("redis-server not found on PATH (apt-get install redis-server)")
 	}
 	for attempt := 0; ; attempt++ {
-		port := testkit.FreePort(tb)
+		port := pick()
 		s := &Server{tb: tb, Port: port}
-		s.args = append([]string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", tb.TempDir(),
-			"--protected-mode", "no", "--loglevel", "warning",
-		}, extraArgs...)
+		s.args = args(port, tb.TempDir())
 		if err := s.start(bin); err != nil {
 			if attempt < 3 { // the port was taken between our probe and redis binding it
 				continue

@@ -40,6 +40,11 @@ type StoreView struct {
 	// be written; Unwritten ones could not even be kept.
 	Pending   int   `json:"pending"`
 	Unwritten int64 `json:"unwritten"`
+	// Redis only: the deployment (single, sentinel, cluster), the
+	// primaries tether talks to, and the failovers it saw.
+	Topology  string   `json:"topology,omitempty"`
+	Primaries []string `json:"primaries,omitempty"`
+	Failovers int64    `json:"failovers,omitempty"`
 }
 
 // EndpointsView is GET /debug/endpoints.
@@ -193,6 +198,8 @@ func (s *Server) debugEndpoints(w http.ResponseWriter, r *http.Request) {
 	if c, ok := s.store.(*session.Cache); ok {
 		st := c.Stats()
 		v.Store.Degraded, v.Store.Pending, v.Store.Unwritten = st.Degraded, st.Pending, st.Unwritten
+		top := c.Topology()
+		v.Store.Topology, v.Store.Primaries, v.Store.Failovers = string(top.Topology), top.Primaries, top.Failovers
 	}
 	writeAdminJSON(w, http.StatusOK, v)
 }

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tether-mcp/tether/internal/redistest"
+	"github.com/tether-mcp/tether/internal/session"
 )
 
 // With Redis and no key configured, every replica gets the same key,
@@ -19,7 +18,7 @@ func TestPrincipalKeyFromRedis(t *testing.T) {
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	srv := redistest.Start(t)
-	opt, err := redis.ParseURL(srv.URL())
+	opt, err := session.ParseRedisURL(srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

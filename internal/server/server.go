@@ -25,8 +25,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/proxy"
@@ -109,7 +107,7 @@ type Config struct {
 
 	// Redis, when set, is where the sessions live (shared by the fleet),
 	// behind a local cache; nil keeps them in this process's memory.
-	Redis        *redis.Options
+	Redis        *session.RedisTarget
 	RedisPrefix  string
 	RedisTimeout time.Duration
 	// SessionTTL is a session's idle TTL, SessionMaxAge its absolute cap

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
@@ -35,21 +33,24 @@ func newStore(cfg Config, log *slog.Logger, metrics *telemetry.Metrics, onChange
 			OnChange:     onChange,
 		}), nil
 	}
-	opt := redisOptions(cfg)
 	shared := session.NewRedis(session.RedisOptions{
-		Client:  session.NewRedisClient(opt, cfg.RedisTimeout),
+		Client:  session.NewRedisTargetClient(cfg.Redis, cfg.RedisTimeout),
 		Prefix:  cfg.RedisPrefix,
 		TTL:     cfg.SessionTTL,
 		MaxAge:  cfg.SessionMaxAge,
 		Timeout: cfg.RedisTimeout,
 		Observe: metrics.StoreOp,
+		// Sentinel and Cluster: the primaries are followed for
+		// tether_store_failovers_total and tether status.
+		Sentinel:      cfg.Redis.Topology == session.RedisSentinel,
+		WatchTopology: true,
 	})
 	// Redis being down at start is an outage like any other: tether starts
 	// degraded rather than not at all.
 	ctx, cancel := context.WithTimeout(context.Background(), redisPingTimeout)
 	defer cancel()
 	if err := shared.Ping(ctx); err != nil {
-		log.Warn("Redis not reachable at start; starting degraded", "addr", opt.Addr, "err", err)
+		log.Warn("Redis not reachable at start; starting degraded", "addr", cfg.Redis.Addr(), "err", err)
 	}
 	return session.NewCache(session.CacheOptions{
 		Shared:       shared,
@@ -74,7 +75,9 @@ func StoreStats(store session.Store) telemetry.StoreStat {
 		}
 	case *session.Cache:
 		st := s.Stats()
+		top := s.Topology()
 		return telemetry.StoreStat{
+			Topology: string(top.Topology), Primaries: top.Primaries, Failovers: top.Failovers,
 			CacheHits: st.Hits, CacheMisses: st.Misses, Pending: st.Pending, Unwritten: st.Unwritten,
 			Sessions: st.Entries, InitBytes: st.InitBytes,
 			EvictedMaxSessions: st.EvictedMaxSessions, EvictedMaxInitBytes: st.EvictedMaxInitBytes,
@@ -114,7 +117,7 @@ func principalKeyFromRedis(cfg Config, log *slog.Logger) []byte {
 // sharedPrincipalKey reads the fleet's principal key from Redis, creating
 // it first if no replica has.
 func sharedPrincipalKey(cfg Config) ([]byte, error) {
-	client := session.NewRedisClient(redisOptions(cfg), max(cfg.RedisTimeout, 250*time.Millisecond))
+	client := session.NewRedisTargetClient(cfg.Redis, max(cfg.RedisTimeout, 250*time.Millisecond))
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -133,11 +136,4 @@ func sharedPrincipalKey(cfg Config) ([]byte, error) {
 		return nil, fmt.Errorf("Redis key %s holds %d bytes, want at least %d", name, len(key), MinPrincipalKey)
 	}
 	return key, nil
-}
-
-// redisOptions is a copy of cfg.Redis for one client: NewRedisClient sets
-// its budgets and dialer in the options it is given.
-func redisOptions(cfg Config) *redis.Options {
-	opt := *cfg.Redis
-	return &opt
 }

@@ -23,3 +23,7 @@ func (r *Redis) EnsureMarker(ctx context.Context) (ms int64, created bool, err e
 func (r *Redis) Invalidations(ctx context.Context, fn func(clientSID string), resubscribed func(), control func(msg string)) {
 	r.invalidations(ctx, fn, resubscribed, control)
 }
+
+func (r *Redis) RepairCounts(ctx context.Context, backendIDs []string) (removed, moved int, err error) {
+	return r.repairCounts(ctx, backendIDs)
+}

@@ -55,17 +55,25 @@ var errBadReply = errors.New("session: malformed reply from Redis")
 // carries or returns an initialize body, the time that body takes at a
 // conservative throughput: a large value is slow, not an outage.
 //
-// Multi-key scripts touch the backend sets of both the old and the new
-// backend, so a Redis Cluster is not supported; use one primary (with
-// replicas or Sentinel for availability).
+// On one server (or a Sentinel-managed primary) the scripts update the
+// backend sets with the record, atomically. A Redis Cluster refuses a
+// script that touches keys it did not declare, or keys of several hash
+// slots: there the scripts touch the session key only, and the backend
+// sets are updated after them, apart (see counts.go: countsApart).
 type Redis struct {
-	client  redis.UniversalClient
-	prefix  string
-	ttl     time.Duration
-	maxAge  time.Duration
-	timeout time.Duration
-	now     func() time.Time
-	observe func(op string, start time.Time, err *error)
+	client redis.UniversalClient
+	// countsApart: the backend sets are updated by separate commands after
+	// each script (Redis Cluster), not inside it.
+	countsApart bool
+	repair      countRepair
+	sentinel    bool // the client is a Sentinel failover client
+	watch       topologyWatch
+	prefix      string
+	ttl         time.Duration
+	maxAge      time.Duration
+	timeout     time.Duration
+	now         func() time.Time
+	observe     func(op string, start time.Time, err *error)
 }
 
 var _ Store = (*Redis)(nil)
@@ -84,11 +92,22 @@ type RedisOptions struct {
 	// Observe is told of every round trip: the operation, its duration, and
 	// its failure (nil for success, not-found and lost compare-and-swap).
 	Observe func(op string, d time.Duration, err error)
+	// Sentinel tells that Client is a Sentinel failover client (go-redis
+	// gives it the type of a one-server client); see NewRedisTargetClient.
+	Sentinel bool
+	// WatchTopology follows a Sentinel or Cluster deployment's primaries
+	// until Close, for Topology (its failovers).
+	WatchTopology bool
 }
 
 // NewRedis returns a store on an existing client.
 func NewRedis(opts RedisOptions) *Redis {
 	r := &Redis{client: opts.Client, prefix: opts.Prefix, ttl: opts.TTL, maxAge: opts.MaxAge, timeout: opts.Timeout, now: opts.Now}
+	_, r.countsApart = opts.Client.(*redis.ClusterClient)
+	r.sentinel = opts.Sentinel
+	if opts.WatchTopology {
+		r.watchTopology()
+	}
 	if r.prefix == "" {
 		r.prefix = "tether:"
 	}
@@ -280,16 +299,17 @@ func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 // KEYS[1] session key. ARGV: 1 backend prefix, 2 sid, 3 ttl ms, 4 backend,
 // 5 url, 6 backend sid, 7 init, 8 protocol version, 9 created ms, 10 last
 // used ms, 11 expiry ms, 12 reinits, 13 version, 14 now ms, 15 principal.
-var createScript = redis.NewScript(`
+// (With countsApart the backend set lines are left out: see counts.go.)
+var createScript = newCountedScript(`
 local f = redis.call('HMGET', KEYS[1], 'b', 'e')
 local e = tonumber(f[2])
 if f[1] and e and e > tonumber(ARGV[14]) then return 0 end
-if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
+--inline if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
   'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
+--inline redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
 `)
 
@@ -311,12 +331,13 @@ func (r *Redis) Create(ctx context.Context, rec *Record) error {
 	case n == 0:
 		return ErrExists
 	case n == 1:
+		r.countAdded(ctx, rec.BackendID, rec.ClientSID, r.expiry(created, now))
 		return nil
 	}
 	return badReply("create script returned %d", n)
 }
 
-func (r *Redis) write(ctx context.Context, op string, script *redis.Script, rec *Record, created, last time.Time, version uint64) (_ int64, err error) {
+func (r *Redis) write(ctx context.Context, op string, script countedScript, rec *Record, created, last time.Time, version uint64) (_ int64, err error) {
 	defer r.observe(op, time.Now(), &err)
 	now := r.now()
 	exp := r.expiry(created, last)
@@ -326,7 +347,7 @@ func (r *Redis) write(ctx context.Context, op string, script *redis.Script, rec 
 	}
 	ctx, cancel := r.call(ctx, r.budget(len(rec.Init)))
 	defer cancel()
-	cmd := script.Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)}, r.writeArgs(rec, created, last, exp, ttl, version, now)...)
+	cmd := r.script(script).Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)}, r.writeArgs(rec, created, last, exp, ttl, version, now)...)
 	if err := cmd.Err(); err != nil {
 		return 0, unavailable(err)
 	}
@@ -353,7 +374,9 @@ func (r *Redis) writeArgs(rec *Record, created, last, exp time.Time, ttl time.Du
 // backend minted the same id meanwhile), nothing is written and 2 is
 // returned. It returns 1 when it wrote the record.
 // Same KEYS and ARGV as createScript.
-var restoreScript = redis.NewScript(`
+// With countsApart, the refreshed expiry of a record already there is not
+// written to its backend set (the repair pass of counts.go moves it).
+var restoreScript = newCountedScript(`
 if redis.call('HEXISTS', KEYS[1], 'd') == 1 then return 3 end
 local f = redis.call('HMGET', KEYS[1], 'b', 'e', 'c', 'i', 'p')
 local e = tonumber(f[2])
@@ -362,16 +385,16 @@ if f[1] and e and e > tonumber(ARGV[14]) then
   if tonumber(ARGV[11]) > e then
     redis.call('HSET', KEYS[1], 'l', ARGV[10], 'e', ARGV[11])
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    redis.call('ZADD', ARGV[1] .. f[1], ARGV[11], ARGV[2])
+--inline     redis.call('ZADD', ARGV[1] .. f[1], ARGV[11], ARGV[2])
   end
   return 0
 end
-if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
+--inline if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
   'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
+--inline redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
 `)
 
@@ -382,6 +405,9 @@ return 1
 func (r *Redis) restore(ctx context.Context, rec *Record) error {
 	version := max(rec.Version, 1)
 	n, err := r.write(ctx, "restore", restoreScript, rec, rec.Created, rec.LastUsed, version)
+	if err == nil && n == 1 {
+		r.countAdded(ctx, rec.BackendID, rec.ClientSID, r.expiry(rec.Created, rec.LastUsed))
+	}
 	return restoreResult(n, err)
 }
 
@@ -435,12 +461,13 @@ func (r *Redis) restoreBatch(ctx context.Context, batch []*Record, out []error) 
 	now := r.now()
 	pipe := r.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
+	var added []*Record // written: their backend sets want them (countsApart)
 	for i, rec := range batch {
 		exp := r.expiry(rec.Created, rec.LastUsed)
 		ttl := max(exp.Sub(now), time.Millisecond)
 		// EVAL, not EVALSHA: a Redis that just restarted has no scripts, and
 		// a pipeline cannot fall back per command.
-		cmds[i] = restoreScript.Eval(ctx, pipe, []string{r.sessionKey(rec.ClientSID)},
+		cmds[i] = r.script(restoreScript).Eval(ctx, pipe, []string{r.sessionKey(rec.ClientSID)},
 			r.writeArgs(rec, rec.Created, rec.LastUsed, exp, ttl, max(rec.Version, 1), now)...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !isReplyError(err) {
@@ -457,7 +484,11 @@ func (r *Redis) restoreBatch(ctx context.Context, batch []*Record, out []error) 
 			continue
 		}
 		out[i] = restoreResult(n, nil)
+		if n == 1 {
+			added = append(added, batch[i])
+		}
 	}
+	r.countRestored(ctx, added)
 	return nil
 }
 
@@ -475,7 +506,7 @@ func isReplyError(err error) bool {
 // now ms (logical expiry check), new backend, url, backend sid, last ms,
 // exp ms, reinits, channel.
 // Returns {0} absent, {1, fields...} conflict, {2, version} swapped.
-var swapScript = redis.NewScript(`
+var swapScript = newCountedScript(`
 local cur = redis.call('HGET', KEYS[1], 'v')
 if not cur then return {0} end
 local e = redis.call('HGET', KEYS[1], 'e')
@@ -489,10 +520,11 @@ local oldb = redis.call('HGET', KEYS[1], 'b')
 local v = tonumber(cur) + 1
 redis.call('HSET', KEYS[1], 'v', v, 'b', ARGV[6], 'u', ARGV[7], 'bs', ARGV[8], 'l', ARGV[9], 'e', ARGV[10], 'r', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-if oldb then redis.call('ZREM', ARGV[2] .. oldb, ARGV[3]) end
-redis.call('ZADD', ARGV[2] .. ARGV[6], ARGV[10], ARGV[3])
+--inline if oldb then redis.call('ZREM', ARGV[2] .. oldb, ARGV[3]) end
+--inline redis.call('ZADD', ARGV[2] .. ARGV[6], ARGV[10], ARGV[3])
 redis.call('PUBLISH', ARGV[12], ARGV[3])
-return {2, v}
+--inline return {2, v}
+--apart return {2, v, oldb}
 `)
 
 // Swap is the compare-and-swap on Version that lets replicas agree on one
@@ -521,7 +553,7 @@ func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err err
 	// A conflict returns the current record, body included.
 	ctx, cancel := r.call(ctx, r.budget(len(old.Init)))
 	defer cancel()
-	cmd := swapScript.Run(ctx, r.client, []string{r.sessionKey(old.ClientSID)},
+	cmd := r.script(swapScript).Run(ctx, r.client, []string{r.sessionKey(old.ClientSID)},
 		old.Version, r.backendPrefix(), old.ClientSID, ttl.Milliseconds(), now.UnixMilli(),
 		next.BackendID, next.BackendURL, next.BackendSID, last.UnixMilli(), exp.UnixMilli(), next.Reinits,
 		r.channel())
@@ -558,6 +590,11 @@ func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err err
 		}
 		return cur, ErrConflict
 	case 2:
+		oldBackend := ""
+		if r.countsApart && len(res) == 3 {
+			oldBackend, _ = res[2].(string)
+			res = res[:2]
+		}
 		if len(res) != 2 {
 			return nil, badReply("swap script returned %d elements for a swap", len(res))
 		}
@@ -569,6 +606,7 @@ func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err err
 		stored.Init, stored.ProtocolVersion, stored.Created, stored.Principal = old.Init, old.ProtocolVersion, old.Created, old.Principal
 		stored.LastUsed = last.UTC()
 		stored.Version = uint64(v)
+		r.countMoved(ctx, oldBackend, stored.BackendID, stored.ClientSID, exp)
 		return stored, nil
 	}
 	return nil, badReply("swap script returned code %d", code)
@@ -595,7 +633,7 @@ func pairs(flat []any) (map[string]string, error) {
 // touchScript refreshes the sliding expiry, never reviving an expired
 // record. KEYS[1] session key. ARGV: backend prefix, sid, now ms, ttl ms,
 // max age ms (0 = none).
-var touchScript = redis.NewScript(`
+var touchScript = newCountedScript(`
 local f = redis.call('HMGET', KEYS[1], 'b', 'c', 'e')
 if not f[1] then return 0 end
 local now = tonumber(ARGV[3])
@@ -606,8 +644,9 @@ local maxage = tonumber(ARGV[5])
 if maxage > 0 and c + maxage < exp then exp = c + maxage end
 redis.call('HSET', KEYS[1], 'l', ARGV[3], 'e', exp)
 redis.call('PEXPIRE', KEYS[1], math.max(1, exp - now))
-redis.call('ZADD', ARGV[1] .. f[1], exp, ARGV[2])
-return 1
+--inline redis.call('ZADD', ARGV[1] .. f[1], exp, ARGV[2])
+--inline return 1
+--apart return {1, f[1], exp}
 `)
 
 // Touch refreshes the idle TTL in one round trip. Rate limiting is the
@@ -616,10 +655,13 @@ func (r *Redis) Touch(ctx context.Context, clientSID string, now time.Time) (err
 	defer r.observe("touch", time.Now(), &err)
 	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
-	cmd := touchScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
+	cmd := r.script(touchScript).Run(ctx, r.client, []string{r.sessionKey(clientSID)},
 		r.backendPrefix(), clientSID, now.UnixMilli(), r.ttl.Milliseconds(), r.maxAge.Milliseconds())
 	if err := cmd.Err(); err != nil {
 		return unavailable(err)
+	}
+	if r.countsApart {
+		return r.touchedApart(ctx, clientSID, cmd)
 	}
 	n, err := cmd.Int64()
 	switch {
@@ -635,14 +677,14 @@ func (r *Redis) Touch(ctx context.Context, clientSID string, now time.Time) (err
 
 // deleteScript returns the removed record's fields ({} when absent).
 // KEYS[1] session key. ARGV: backend prefix, sid, channel.
-var deleteScript = redis.NewScript(`
+var deleteScript = newCountedScript(`
 local all = redis.call('HGETALL', KEYS[1])
 if #all == 0 then return all end
 local b = redis.call('HGET', KEYS[1], 'b')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'd', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-if b then redis.call('ZREM', ARGV[1] .. b, ARGV[2]) end
+--inline if b then redis.call('ZREM', ARGV[1] .. b, ARGV[2]) end
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 return all
 `)
@@ -668,7 +710,7 @@ func (r *Redis) del(ctx context.Context, clientSID string, d time.Duration) (_ *
 	defer r.observe("delete", time.Now(), &err)
 	ctx, cancel := r.call(ctx, d)
 	defer cancel()
-	cmd := deleteScript.Run(ctx, r.client, []string{r.sessionKey(clientSID)},
+	cmd := r.script(deleteScript).Run(ctx, r.client, []string{r.sessionKey(clientSID)},
 		r.backendPrefix(), clientSID, r.channel(), tombstoneTTL.Milliseconds())
 	if err := cmd.Err(); err != nil {
 		return nil, unavailable(err)
@@ -681,6 +723,7 @@ func (r *Redis) del(ctx context.Context, clientSID string, d time.Duration) (_ *
 	if err != nil {
 		return nil, err
 	}
+	r.countRemoved(ctx, fields["b"], clientSID)
 	return r.decode(clientSID, fields)
 }
 
@@ -695,6 +738,12 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 	counts := make([]*redis.IntCmd, len(backendIDs))
 	for i, id := range backendIDs {
 		key := r.backendPrefix() + id
+		if r.countsApart {
+			// Members whose score is behind their record's expiry are
+			// not dropped here but moved by the repair pass.
+			counts[i] = pipe.ZCount(ctx, key, "("+now, "+inf")
+			continue
+		}
 		pipe.ZRemRangeByScore(ctx, key, "-inf", now)
 		counts[i] = pipe.ZCard(ctx, key)
 	}
@@ -709,6 +758,7 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 		}
 		out[id] = n
 	}
+	r.maybeRepair(backendIDs)
 	return out, nil
 }
 
@@ -879,5 +929,9 @@ func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
 	return ps.ReceiveTimeout(ctx, pubsubIdle)
 }
 
-// Close closes the client.
-func (r *Redis) Close() error { return r.client.Close() }
+// Close closes the client (after the repair pass running, if any).
+func (r *Redis) Close() error {
+	r.repair.wait()
+	r.stopWatch()
+	return r.client.Close()
+}

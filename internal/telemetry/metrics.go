@@ -55,6 +55,12 @@ type StoreStat struct {
 	// the store's bound.
 	TaskRecords     int
 	EvictedMaxTasks int64
+	// Topology is the Redis deployment (single, sentinel, cluster; "" for
+	// the memory store), Primaries the primaries tether talks to, and
+	// Failovers the primaries seen replaced.
+	Topology  string
+	Primaries []string
+	Failovers int64
 }
 
 // MetricsOptions wires the scrape-time views.
@@ -283,6 +289,9 @@ var (
 	unflushedDesc   = prometheus.NewDesc("tether_store_unflushed_at_close_total", "Session records kept during an outage that could not be written at shutdown (lost).", nil, nil)
 	taskRecordsDesc = prometheus.NewDesc("tether_task_records", "Task records (task id to backend) held in this process (memory store; with Redis they live in Redis).", nil, nil)
 	taskEvictsDesc  = prometheus.NewDesc("tether_task_evictions_total", "Task records evicted (least recently used) at the memory store's bound of 100,000.", nil, nil)
+	topologyDesc    = prometheus.NewDesc("tether_store_topology_info", "The Redis deployment the sessions live in (topology single, sentinel or cluster); always 1.", []string{"topology"}, nil)
+	primaryDesc     = prometheus.NewDesc("tether_store_primary_info", "A Redis primary tether talks to (the server, the Sentinel-found primary, or each cluster master), as last seen; always 1.", []string{"addr"}, nil)
+	failoversDesc   = prometheus.NewDesc("tether_store_failovers_total", "Redis primaries seen replaced by another (Sentinel or Cluster failovers).", nil, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -290,7 +299,8 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- cacheMissesDesc
 	ch <- pendingDesc
 	ch <- unwrittenDesc
-	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc, taskRecordsDesc, taskEvictsDesc} {
+	for _, d := range []*prometheus.Desc{recordsDesc, initBytesDesc, evictionsDesc, slowDesc, recoveriesDesc, writtenBackDesc, collisionsDesc, unflushedDesc,
+		taskRecordsDesc, taskEvictsDesc, topologyDesc, primaryDesc, failoversDesc} {
 		ch <- d
 	}
 }
@@ -312,6 +322,13 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(unflushedDesc, prometheus.CounterValue, float64(s.UnflushedAtClose))
 	ch <- prometheus.MustNewConstMetric(taskRecordsDesc, prometheus.GaugeValue, float64(s.TaskRecords))
 	ch <- prometheus.MustNewConstMetric(taskEvictsDesc, prometheus.CounterValue, float64(s.EvictedMaxTasks))
+	if s.Topology != "" {
+		ch <- prometheus.MustNewConstMetric(topologyDesc, prometheus.GaugeValue, 1, s.Topology)
+		ch <- prometheus.MustNewConstMetric(failoversDesc, prometheus.CounterValue, float64(s.Failovers))
+		for _, p := range s.Primaries {
+			ch <- prometheus.MustNewConstMetric(primaryDesc, prometheus.GaugeValue, 1, p)
+		}
+	}
 }
 
 // LimitRejected counts one request refused by the named limit.
