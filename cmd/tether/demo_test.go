@@ -164,7 +164,7 @@ func TestDemoBothEras(t *testing.T) {
 // demoRow is one row of a 2026-07-28 phase table.
 type demoRow struct{ calls, clients int }
 
-var demoRowRE = regexp.MustCompile(`(?m)^   (backend-\d+) +(\d+) +\d+% +(\d+) `)
+var demoRowRE = regexp.MustCompile(`(?m)^   (backend-\d+) +(\d+) +\d+% +(\d+)(?: |$)`)
 
 // demoRows parses a 2026-07-28 phase table: the backends that answered, by
 // name (a killed one's row has no figures and is left out).
