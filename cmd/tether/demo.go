@@ -4,14 +4,26 @@ package main
 
 // tether demo: one command, nothing else to install or start. It runs MCP
 // backends (the go-sdk's Streamable HTTP server) in process, tether in front
-// of them, and go-sdk client sessions through tether; then it kills the
-// backend holding the most sessions and shows those sessions carrying on
-// elsewhere without a client error. Everything listens on 127.0.0.1 with
-// ephemeral ports, and everything started is stopped before it returns.
+// of them, and go-sdk clients through tether, in either era of MCP (--era):
+//
+//   - legacy (the default): stateful backends and client sessions
+//     (initialize, Mcp-Session-Id); it kills the backend holding the most
+//     sessions and shows those sessions carrying on elsewhere without a
+//     client error.
+//   - 2026-07-28 (demo_modern.go): stateless backends and clients at MCP
+//     2026-07-28, which have no session: every call is placed on its own,
+//     so the calls spread over the backends; killing one leaves nothing to
+//     move.
+//   - both: the first, then the second.
+//
+// Everything listens on 127.0.0.1 with ephemeral ports, and everything
+// started is stopped before it returns.
 //
 // The demo doubles as a smoke test: it fails (non-zero exit) if any client
-// call fails, if a session is answered by two backends within one phase, or
-// if a session of a surviving backend moves.
+// call fails, if a session is answered by two backends within one phase, if
+// a session of a surviving backend moves, or, at 2026-07-28, if a client
+// does not get that version, gets a session, or a call reaches the killed
+// backend.
 
 import (
 	"context"
@@ -45,24 +57,35 @@ const (
 	demoBarWidth = 40
 )
 
+// The values of --era.
+const (
+	eraLegacy = "legacy"
+	eraModern = "2026-07-28" // the protocol version, as clients ask for it
+	eraBoth   = "both"
+)
+
+var demoEras = []string{eraLegacy, eraModern, eraBoth}
+
 var errDemoTimeout = fmt.Errorf("demo: did not finish within %s", demoTimeout)
 
 // demoOptions are the demo's flags.
 type demoOptions struct {
-	Sessions int
+	Era      string
+	Sessions int // client sessions (legacy), clients (2026-07-28)
 	Backends int
 	Balancer string
-	Calls    int // whoami calls per session per phase
+	Calls    int // whoami calls per session (client) per phase
 }
 
 func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, error) {
-	o := demoOptions{Sessions: 30, Backends: 3, Balancer: "p2c", Calls: 5}
+	o := demoOptions{Era: eraLegacy, Sessions: 30, Backends: 3, Balancer: "p2c", Calls: 5}
 	fs := flag.NewFlagSet("tether demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.Sessions, "sessions", o.Sessions, "client sessions (1-200)")
+	fs.StringVar(&o.Era, "era", o.Era, "MCP era: legacy (sessions, sticky) | 2026-07-28 (no sessions, a pick per call) | both")
+	fs.IntVar(&o.Sessions, "sessions", o.Sessions, "client sessions, or clients at 2026-07-28 (1-200)")
 	fs.IntVar(&o.Backends, "backends", o.Backends, "in-process MCP backends (2-20); the busiest one is killed")
-	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "new-session placement: "+strings.Join(balancer.PickerNames, " | "))
-	fs.IntVar(&o.Calls, "calls", o.Calls, "whoami calls per session before and after the kill (1-20)")
+	fs.StringVar(&o.Balancer, "balancer", o.Balancer, "placement of new sessions and of 2026-07-28 calls: "+strings.Join(balancer.PickerNames, " | "))
+	fs.IntVar(&o.Calls, "calls", o.Calls, "whoami calls per session (client) before and after the kill (1-20)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -76,6 +99,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, error) {
 // a few seconds long.
 func (o demoOptions) validate() error {
 	switch {
+	case !slices.Contains(demoEras, o.Era):
+		return fmt.Errorf("demo: --era %q: want one of %s", o.Era, strings.Join(demoEras, ", "))
 	case o.Sessions < 1 || o.Sessions > 200:
 		return fmt.Errorf("demo: --sessions must be 1 to 200, got %d", o.Sessions)
 	case o.Backends < 2 || o.Backends > 20:
@@ -93,16 +118,42 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	switch o.Era {
+	case eraLegacy:
+		return runDemo(ctx, o, eraLegacy, stdout, stderr)
+	case eraModern:
+		return runDemo(ctx, o, eraModern, stdout, stderr)
+	}
+	// both: each era on backends and a tether of its own, one after the
+	// other, so each table shows one era's traffic alone.
+	if err := runDemo(ctx, o, eraLegacy, stdout, stderr); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	return runDemo(ctx, o, eraModern, stdout, stderr)
+}
+
+// runDemo runs one era's demonstration, bounded by demoTimeout.
+func runDemo(ctx context.Context, o demoOptions, era string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeoutCause(ctx, demoTimeout, errDemoTimeout)
 	defer cancel()
 
-	fmt.Fprintf(stdout, "tether demo: %d in-process MCP backends (go-sdk), tether in front (balancer %s), %d client sessions\n\n",
-		o.Backends, o.Balancer, o.Sessions)
-	d, err := startDemo(ctx, o, stdout, stderr)
+	if era == eraModern {
+		fmt.Fprintf(stdout, "tether demo, MCP 2026-07-28: %d stateless in-process MCP backends (go-sdk), tether in front (balancer %s), %d clients without sessions\n\n",
+			o.Backends, o.Balancer, o.Sessions)
+	} else {
+		fmt.Fprintf(stdout, "tether demo: %d in-process MCP backends (go-sdk), tether in front (balancer %s), %d client sessions\n\n",
+			o.Backends, o.Balancer, o.Sessions)
+	}
+	d, err := startDemo(ctx, o, era, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	err = d.run(ctx)
+	if era == eraModern {
+		err = d.runModern(ctx)
+	} else {
+		err = d.run(ctx)
+	}
 	if stopErr := d.stop(); err == nil {
 		err = stopErr
 	}
@@ -113,6 +164,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // sessions. sessions[i] is nil if session i failed to connect.
 type demo struct {
 	opts     demoOptions
+	era      string // eraLegacy or eraModern
 	out      io.Writer
 	backends []*mcpbackend.Backend
 	tether   *server.Server
@@ -127,12 +179,14 @@ type demo struct {
 }
 
 // startDemo starts the backends and tether, waits until tether knows the
-// backends, and prints where everything listens.
-func startDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) (*demo, error) {
-	d := &demo{opts: o, out: stdout, sessions: make([]*mcp.ClientSession, o.Sessions)}
+// backends, and prints where everything listens. At 2026-07-28 the backends
+// are stateless (go-sdk v1.8.0 takes 2026-07-28 requests only in that mode).
+func startDemo(ctx context.Context, o demoOptions, era string, stdout, stderr io.Writer) (*demo, error) {
+	d := &demo{opts: o, era: era, out: stdout, sessions: make([]*mcp.ClientSession, o.Sessions)}
 	var urls []string
 	for i := range o.Backends {
-		b, err := mcpbackend.Start(fmt.Sprintf("backend-%d", i+1), "127.0.0.1:0")
+		b, err := mcpbackend.StartWith(fmt.Sprintf("backend-%d", i+1), "127.0.0.1:0",
+			mcpbackend.Options{Stateless: era == eraModern})
 		if err != nil {
 			d.stop()
 			return nil, fmt.Errorf("demo: %w", err)
@@ -248,10 +302,11 @@ func (d *demo) closeSessions() int {
 // phase is what the client sessions saw in one phase; every slice is
 // indexed by session.
 type phase struct {
-	home  []string // the backend that answered first ("" if none did)
-	calls []int    // successful calls
-	split []bool   // answered by more than one backend
-	errs  []error  // the first client error
+	home     []string         // the backend that answered first ("" if none did)
+	calls    []int            // successful calls
+	split    []bool           // answered by more than one backend
+	answered []map[string]int // calls answered, by backend
+	errs     []error          // the first client error
 }
 
 // backendStats is one table row.
@@ -294,10 +349,18 @@ func countErrors(errs []error) int {
 
 // callAll has every session call whoami opts.Calls times, demoParallel
 // sessions at a time; with connect, each session first connects through
-// tether. A session stops at its first error.
+// tether (asking for 2026-07-28 in that era). A session stops at its first
+// error.
 func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 	n := len(d.sessions)
-	p := &phase{home: make([]string, n), calls: make([]int, n), split: make([]bool, n), errs: make([]error, n)}
+	p := &phase{
+		home: make([]string, n), calls: make([]int, n), split: make([]bool, n),
+		answered: make([]map[string]int, n), errs: make([]error, n),
+	}
+	var sessionOpts *mcp.ClientSessionOptions
+	if d.era == eraModern {
+		sessionOpts = &mcp.ClientSessionOptions{ProtocolVersion: eraModern}
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, demoParallel)
 	for i := range n {
@@ -313,7 +376,7 @@ func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 				cs, err := d.client.Connect(ctx, &mcp.StreamableClientTransport{
 					Endpoint:   d.url,
 					HTTPClient: &http.Client{Transport: d.transport},
-				}, nil)
+				}, sessionOpts)
 				if err != nil {
 					p.errs[i] = fmt.Errorf("session %d: connect: %w", i+1, err)
 					return
@@ -324,6 +387,7 @@ func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 			if cs == nil {
 				return // never connected: counted in the phase that tried
 			}
+			p.answered[i] = map[string]int{}
 			for c := range d.opts.Calls {
 				got, err := mcpbackend.Whoami(ctx, cs)
 				if err != nil {
@@ -331,6 +395,7 @@ func (d *demo) callAll(ctx context.Context, connect bool) *phase {
 					return
 				}
 				p.calls[i]++
+				p.answered[i][got]++
 				switch p.home[i] {
 				case "":
 					p.home[i] = got

@@ -1,5 +1,5 @@
 // Compares the conformance results of each backend, direct and via tether.
-//   node compare.mjs OUT_DIR BACKEND...
+//   node compare.mjs [--label TEXT] OUT_DIR BACKEND...
 // OUT_DIR/<backend>/direct and OUT_DIR/<backend>/via-tether are folders written
 // by `conformance server -o DIR`: one sub-folder per scenario, named
 // server-<scenario>-<timestamp>, holding a checks.json array of
@@ -9,15 +9,24 @@
 // Writes OUT_DIR/passing-direct.txt, passing-via-tether.txt, checks-*.tsv; prints
 // per-scenario summaries and the difference; exits 1 if the passing sets differ,
 // 2 if a run produced no usable results, 0 otherwise. Its last line is
-//   conformance: N passed direct, M passed via tether, identical
+//   conformance (TEXT): N passed direct, M passed via tether, identical
+// (without " (TEXT)" when no label is given).
 import fs from "node:fs";
 import path from "node:path";
 
-const [outDir, ...backends] = process.argv.slice(2);
+const args = process.argv.slice(2);
+let label = "";
+if (args[0] === "--label") {
+  label = args[1] ?? "";
+  args.splice(0, 2);
+}
+const [outDir, ...backends] = args;
 if (!backends.length) {
-  console.error("usage: node compare.mjs OUT_DIR BACKEND...");
+  console.error("usage: node compare.mjs [--label TEXT] OUT_DIR BACKEND...");
   process.exit(2);
 }
+// The verdict lines name the suite, so the two eras' verdicts can be told apart.
+const verdict = label ? `conformance (${label})` : "conformance";
 
 const RUNS = [
   { key: "direct", label: "direct" },
@@ -153,17 +162,17 @@ for (const [k, c] of all[A.key]) {
 if (notes.length) console.log(`\nnote: non-passing checks whose status differs (not counted):\n${notes.join("\n")}`);
 
 if (unusable) {
-  console.log(`\nconformance: no usable results from some run (logs in ${outDir})`);
+  console.log(`\n${verdict}: no usable results from some run (logs in ${outDir})`);
   process.exit(2);
 }
 for (const b of backends) {
   if (!passing[A.key].some((k) => k.startsWith(`${b}:`))) {
-    console.log(`\nconformance: nothing passed directly against ${b}: the reference run is broken`);
+    console.log(`\n${verdict}: nothing passed directly against ${b}: the reference run is broken`);
     process.exit(2);
   }
 }
 console.log(
-  `\nconformance: ${passing[A.key].length} passed ${A.label}, ${passing[B.key].length} passed ${B.label}, ` +
+  `\n${verdict}: ${passing[A.key].length} passed ${A.label}, ${passing[B.key].length} passed ${B.label}, ` +
     (same ? "identical" : `DIFFERENT (${onlyA.length} only ${A.label}, ${onlyB.length} only ${B.label})`),
 );
 process.exit(same ? 0 : 1);
