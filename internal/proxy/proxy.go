@@ -240,7 +240,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, &class, rerr)
 		return
 	}
-	if class.Kind == KindStream {
+	if class.Kind == KindStream || class.Op == OpListen {
+		// A subscriptions/listen stream is the 2026-07-28 GET stream: the
+		// same bound.
 		if !p.streams.acquire() {
 			p.refuse(w, &class, errTooManyStreams)
 			return
