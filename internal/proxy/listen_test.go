@@ -140,13 +140,13 @@ func drain(ch <-chan string) {
 // Clients that each hold a listen stream make plain calls as evenly spread
 // as clients without one: the streams are not load in flight. (Counted as
 // requests in flight, as before, they skewed the spread to max/mean
-// 1.17–1.58.)
+// 1.10–1.64 in five runs of this test: 4 clients, 3 backends.)
 func TestListenStreamsDoNotSkewPlainCalls(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	h := newHarness(t, harnessOptions{backends: 3, stateless: true})
 
-	const clients, callsEach = 10, 100
+	const clients, callsEach = 4, 250
 	changed := make(chan string, 1)
 	sessions := make([]*mcp.ClientSession, clients)
 	for i := range sessions {

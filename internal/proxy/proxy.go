@@ -304,6 +304,9 @@ func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
 		if span != nil {
 			span.SetAttributes(attribute.Bool("tether.affinity", true))
 		}
+	} else if x.class.Op == OpListen && x.route == RouteStateless {
+		// A subscriptions/listen stream: placed counting streams (listen.go).
+		ep, err = p.bal.PickListen(x.excluded)
 	} else if span != nil || x.route == RouteNew {
 		// Placements are rare and worth explaining later; other picks are
 		// explained only when traced.
