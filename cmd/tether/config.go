@@ -248,7 +248,7 @@ func (c config) validate() error {
 	case hopByHop[textproto.CanonicalMIMEHeaderKey(c.AffinityHeader)]:
 		return fmt.Errorf("--affinity-header: %s is a hop-by-hop header", c.AffinityHeader)
 	}
-	if c.ListenStreamWeight < 0 || c.ListenStreamWeight > 1000 {
+	if !(c.ListenStreamWeight >= 0 && c.ListenStreamWeight <= 1000) { // NaN too
 		return fmt.Errorf("--listen-stream-weight: must be in [0, 1000], got %v", c.ListenStreamWeight)
 	}
 	if err := balancer.CheckAffinityEpsilon(c.AffinityEpsilon); err != nil {

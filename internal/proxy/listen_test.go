@@ -67,7 +67,7 @@ func awaitNotification(t *testing.T, ctx context.Context, changed <-chan string,
 func TestListenStreamEndsWhenItsBackendLeaves(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := newHarness(t, harnessOptions{backends: 3, stateless: true})
+	h := newHarness(t, harnessOptions{backends: 3, stateless: true, metrics: true})
 	changed := make(chan string, 8)
 
 	cs, err := connectListening(ctx, h.endpoint(), changed)
@@ -83,6 +83,12 @@ func TestListenStreamEndsWhenItsBackendLeaves(t *testing.T) {
 		if n == 1 {
 			home = e
 		}
+	}
+	gauge := func(e *balancer.Endpoint) float64 {
+		return sampleValue(t, h.metrics.Registry, "tether_backend_listen_streams", map[string]string{"backend": e.String()})
+	}
+	if g := gauge(home); g != 1 {
+		t.Errorf("tether_backend_listen_streams{backend=%q} = %v with the stream open, want 1", home, g)
 	}
 	if in := home.Inflight(); in != 0 {
 		t.Errorf("a listen stream counts %d requests in flight on its backend, want 0", in)
@@ -100,6 +106,15 @@ func TestListenStreamEndsWhenItsBackendLeaves(t *testing.T) {
 	h.bal.Update(discovery.Snapshot{Endpoints: keep})
 	testkit.Eventually(t, 30*time.Second, func() bool { return home.ListenStreams() == 0 },
 		"the listen stream on %s outlived its backend's departure", home)
+
+	// The departed backend's series is gone; the others read 0.
+	var samples []string
+	for _, e := range h.bal.Endpoints() {
+		samples = append(samples, fmt.Sprintf("tether_backend_listen_streams{backend=%q} 0", e.String()))
+	}
+	if err := wantSeries(h.metrics.Registry, "tether_backend_listen_streams", samples...); err != nil {
+		t.Error(err)
+	}
 
 	// The session's plain calls go on, on the backends left.
 	name, err := mcpbackend.Whoami(ctx, cs)
