@@ -77,6 +77,9 @@ type config struct {
 	// "" is off. AffinityEpsilon is that picker's ε.
 	AffinityHeader  string
 	AffinityEpsilon float64
+	// ListenStreamWeight is what one subscriptions/listen stream adds to
+	// its backend's load (balancer.Options.ListenStreamWeight).
+	ListenStreamWeight float64
 }
 
 func defaultConfig() config {
@@ -158,6 +161,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "GET (SSE) streams open at once (more: 503)")
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
 	fs.StringVar(&cfg.AffinityHeader, "affinity-header", "", "header (e.g. Mcp-Param-Workspace) whose value keys session-less MCP 2026-07-28 requests to one backend by consistent hashing with bounded loads (default: none)")
+	fs.Float64Var(&cfg.ListenStreamWeight, "listen-stream-weight", cfg.ListenStreamWeight, "what one open subscriptions/listen stream adds to its backend's load, next to 1 per request in flight (0: streams are placed by load but weigh nothing)")
 	fs.Float64Var(&cfg.AffinityEpsilon, "affinity-epsilon", cfg.AffinityEpsilon, "ε of --affinity-header: no backend takes a keyed request while above (1+ε) × the mean in-flight load")
 
 	// Environment first, so that the command line overrides it.
@@ -241,6 +245,9 @@ func (c config) validate() error {
 		return fmt.Errorf("--affinity-header: %q is not a header name", c.AffinityHeader)
 	case hopByHop[textproto.CanonicalMIMEHeaderKey(c.AffinityHeader)]:
 		return fmt.Errorf("--affinity-header: %s is a hop-by-hop header", c.AffinityHeader)
+	}
+	if !(c.ListenStreamWeight >= 0 && c.ListenStreamWeight <= 1000) { // NaN too
+		return fmt.Errorf("--listen-stream-weight: must be in [0, 1000], got %v", c.ListenStreamWeight)
 	}
 	if err := balancer.CheckAffinityEpsilon(c.AffinityEpsilon); err != nil {
 		return fmt.Errorf("--affinity-epsilon: %w", err)

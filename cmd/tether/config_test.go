@@ -72,6 +72,9 @@ func TestParseServeFlags(t *testing.T) {
 			with(func(c *config) { c.AffinityHeader = "Mcp-Param-Workspace" }), ""},
 		{"bad affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp Param"}, env(), config{}, "--affinity-header"},
 		{"hop-by-hop affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "te"}, env(), config{}, "hop-by-hop"},
+		{"listen stream weight", []string{"--backends", "http://127.0.0.1:9001", "--listen-stream-weight", "0.25"}, env(),
+			with(func(c *config) { c.ListenStreamWeight = 0.25 }), ""},
+		{"negative listen stream weight", []string{"--backends", "http://127.0.0.1:9001", "--listen-stream-weight", "-1"}, env(), config{}, "--listen-stream-weight: must be in [0, 1000]"},
 		{"zero affinity epsilon", []string{"--backends", "http://127.0.0.1:9001", "--affinity-epsilon", "0"}, env(), config{}, "--affinity-epsilon: affinity epsilon must be in (0, 100]"},
 
 		{"no backends", nil, env(), config{}, "no backends"},

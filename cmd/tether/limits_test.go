@@ -467,3 +467,46 @@ func TestStreamCap(t *testing.T) {
 		t.Errorf("after a stream ended: %d, want 200", resp.StatusCode)
 	}
 }
+
+// A subscriptions/listen stream (MCP 2026-07-28) takes a --max-streams
+// slot as a GET stream does, and is refused past the cap.
+func TestStreamCapCountsListenStreams(t *testing.T) {
+	const maxStreams = 2
+	backend := sseBackend(t, -1, 0)
+	s := startServerWith(t, func(c *config) { c.MaxStreams = maxStreams }, backend.URL)
+	url := "http://" + s.ClientAddr().String() + "/mcp"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const body = `{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"},"notifications":{"toolsListChanged":true}}}`
+	listen := func() *http.Response {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", "subscriptions/listen")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	var open []*http.Response
+	for i := range maxStreams {
+		resp := listen()
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("listen stream %d: %d", i, resp.StatusCode)
+		}
+		open = append(open, resp)
+	}
+	if got := s.LimitStats().OpenStreams; got != maxStreams {
+		t.Errorf("%d open streams counted, want %d", got, maxStreams)
+	}
+	resp := listen()
+	checkRefusal(t, resp, http.StatusServiceUnavailable, false)
+	resp.Body.Close()
+
+	open[0].Body.Close()
+	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().OpenStreams == maxStreams-1 }, "the closed listen stream's slot freed")
+}

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -74,6 +75,10 @@ type Options struct {
 	// builds none, and PickByKey fails with ErrNoAffinity. New panics on an
 	// Epsilon that CheckAffinityEpsilon rejects.
 	Affinity *AffinityOptions
+	// ListenStreamWeight is what one open subscriptions/listen stream adds
+	// to an endpoint's load (Endpoint.Load), with three decimals; 0, the
+	// default, places streams by load without letting them weigh on it.
+	ListenStreamWeight float64
 }
 
 // Balancer holds the current endpoint set and picks from it.
@@ -95,6 +100,8 @@ type Balancer struct {
 	// Options.Affinity is nil, and then no generation has a ring.
 	capFactor int64
 	capFloor  int64 // the least capacity, ceil(1/ε)
+	// listenWeight is Options.ListenStreamWeight in thousandths.
+	listenWeight int64
 
 	current atomic.Pointer[generation] // never nil
 	ready   atomic.Bool                // set by the first Update
@@ -140,6 +147,7 @@ func New(opts Options) *Balancer {
 		probeInterval: opts.ProbeInterval,
 		logger:        opts.Logger,
 		onUpdate:      opts.OnUpdate,
+		listenWeight:  int64(math.Round(max(opts.ListenStreamWeight, 0) * 1000)),
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -193,12 +201,20 @@ func (b *Balancer) Update(s discovery.Snapshot) {
 		if ok && e.urlString == urlString(de) {
 			e.state.Store(uint32(de.State))
 		} else {
-			e = newEndpoint(de)
+			e = newEndpoint(de, b.listenWeight)
+		}
+		if de.State != discovery.Ready {
+			e.departLocked() // terminating or fenced: its streams move on
 		}
 		all = append(all, e)
 		byID[e.ID] = e
 	}
 	slices.SortFunc(all, func(x, y *Endpoint) int { return strings.Compare(x.ID, y.ID) })
+	for _, e := range old.all {
+		if byID[e.ID] != e {
+			e.departLocked() // gone, or replaced by an Endpoint for a new URL
+		}
+	}
 	b.publishLocked(all)
 	b.ready.Store(true)
 	if b.onUpdate != nil {

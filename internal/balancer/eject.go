@@ -48,6 +48,7 @@ func (b *Balancer) ejectLocked(e *Endpoint, cause error) {
 	backoff := b.backoff(e.ejections)
 	e.ejectedUntil = b.now().Add(backoff)
 	e.ejected.Store(true)
+	e.departLocked() // a failed dial: its streams re-open elsewhere
 	b.logger.Info("balancer: endpoint ejected",
 		"endpoint", e.ID, "url", e.String(),
 		"consecutive", e.ejections, "backoff", backoff, "err", cause)

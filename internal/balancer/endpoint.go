@@ -28,7 +28,16 @@ type Endpoint struct {
 	inflight atomic.Int64
 	sessions atomic.Int64
 	served   atomic.Uint64 // requests begun on the endpoint, ever: p2c's tie break
-	ejected  atomic.Bool   // written with Balancer.mu held, read anywhere
+	listens  atomic.Int64  // open subscriptions/listen streams (BeginListen minus EndListen)
+	// listenWeight is what one listen stream adds to Load, in thousandths
+	// (Options.ListenStreamWeight); fixed when the Endpoint is made.
+	listenWeight int64
+	// departed is closed when the endpoint stops taking new work (it left
+	// the set, stopped being Ready, or was ejected), and then replaced by a
+	// fresh channel for the streams of a later readmission. Written with
+	// Balancer.mu held; nil for an Endpoint built by hand (never departs).
+	departed atomic.Pointer[chan struct{}]
+	ejected  atomic.Bool // written with Balancer.mu held, read anywhere
 
 	// Passive health bookkeeping, guarded by Balancer.mu.
 	ejections    int       // consecutive ejections since the last readmission
@@ -36,8 +45,10 @@ type Endpoint struct {
 	probing      bool      // a probe is running; keeps overlapping probe rounds apart
 }
 
-func newEndpoint(de discovery.Endpoint) *Endpoint {
-	e := &Endpoint{ID: de.ID, URL: de.URL}
+func newEndpoint(de discovery.Endpoint, listenWeight int64) *Endpoint {
+	e := &Endpoint{ID: de.ID, URL: de.URL, listenWeight: listenWeight}
+	ch := make(chan struct{})
+	e.departed.Store(&ch)
 	if de.URL != nil {
 		e.urlString = de.URL.String()
 	} else {
@@ -74,7 +85,60 @@ func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 // and in-flight requests break ties and steer away from a stalled endpoint.
 // Any other ratio would be a tuning constant without a measurement behind it,
 // and integer addition keeps the comparison exact and cheap.
-func (e *Endpoint) Load() int64 { return e.sessions.Load() + e.inflight.Load() }
+//
+// Open subscriptions/listen streams add their count times the listen
+// weight (Options.ListenStreamWeight, default 0), rounded down: a stream
+// is an idle channel, not work in flight, and with any weight above zero
+// an endpoint holding more streams loses every tie of the short requests
+// that p2c settles by served count, which skews their spread (README,
+// "Listen streams").
+func (e *Endpoint) Load() int64 {
+	load := e.sessions.Load() + e.inflight.Load()
+	if e.listenWeight != 0 {
+		load += e.listens.Load() * e.listenWeight / 1000
+	}
+	return load
+}
+
+// BeginListen records that a subscriptions/listen stream was opened on the
+// endpoint: a stream, not a request in flight (see Load). It counts as
+// served, so placements of streams among equally loaded endpoints follow
+// p2c's tie break too. Pair it with exactly one EndListen.
+func (e *Endpoint) BeginListen() {
+	e.listens.Add(1)
+	e.served.Add(1)
+}
+
+// EndListen records that a stream begun with BeginListen has ended.
+func (e *Endpoint) EndListen() { e.listens.Add(-1) }
+
+// ListenStreams is the number of subscriptions/listen streams open on the
+// endpoint through this replica.
+func (e *Endpoint) ListenStreams() int64 { return e.listens.Load() }
+
+// Departed returns a channel closed when the endpoint stops taking new work:
+// it leaves the endpoint set, stops being Ready, or is ejected. A
+// long-lived stream on the endpoint takes it when it opens and ends when it
+// is closed, so that its client re-opens it on a live endpoint. Taking it is
+// one atomic load. An Endpoint built by hand returns nil, which never fires.
+func (e *Endpoint) Departed() <-chan struct{} {
+	if ch := e.departed.Load(); ch != nil {
+		return *ch
+	}
+	return nil
+}
+
+// departLocked closes the current departure channel and installs a fresh
+// one. Balancer.mu must be held.
+func (e *Endpoint) departLocked() {
+	ch := e.departed.Load()
+	if ch == nil {
+		return
+	}
+	fresh := make(chan struct{})
+	e.departed.Store(&fresh)
+	close(*ch)
+}
 
 // Begin records that a request is being forwarded to the endpoint. Pair every
 // Begin with exactly one End, typically `e.Begin(); defer e.End()`.

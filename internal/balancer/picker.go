@@ -185,3 +185,31 @@ type random struct {
 func (r *random) Pick(cands []*Endpoint) *Endpoint {
 	return cands[r.rnd(len(cands))]
 }
+
+// listenPlacer places subscriptions/listen streams (Balancer.PickListen).
+var listenPlacer = p2c{rnd: rand.IntN}
+
+// PickListen returns the endpoint for a new subscriptions/listen stream,
+// never exclude, or ErrNoEndpoints: two choices, as p2c, between
+// endpoints weighed by their load plus one per open listen stream, ties
+// to the one that served fewer requests. The stream is held for minutes
+// and its cost accumulates where it lands, so its placement counts the
+// streams in full, as a new session's placement counts sessions, whatever
+// weight (Options.ListenStreamWeight) they have in the load of short
+// requests. Without it, streams would be placed by requests in flight
+// alone, and a few clients could stack theirs on one endpoint. It does
+// not count the stream: call BeginListen on the result.
+func (b *Balancer) PickListen(exclude *Endpoint) (*Endpoint, error) {
+	cands := b.current.Load().candidates(exclude)
+	switch len(cands) {
+	case 0:
+		return nil, ErrNoEndpoints
+	case 1:
+		return cands[0], nil
+	}
+	first, second := listenPlacer.sample(cands)
+	if lessLoaded(second, second.Load()+second.ListenStreams(), first, first.Load()+first.ListenStreams()) {
+		return second, nil
+	}
+	return first, nil
+}

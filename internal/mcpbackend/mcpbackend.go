@@ -314,3 +314,21 @@ func (b *Backend) LiveSessions() int {
 	}
 	return n
 }
+
+// ChangeTools adds a tool named name to the backend's server, which sends
+// notifications/tools/list_changed to every client listening for it
+// (a 2026-07-28 client's subscriptions/listen stream, a legacy session's
+// channel). It reports false when the backend is not running.
+func (b *Backend) ChangeTools(name string) bool {
+	b.mu.Lock()
+	server := b.server
+	b.mu.Unlock()
+	if server == nil {
+		return false
+	}
+	mcp.AddTool(server, &mcp.Tool{Name: name, Description: "a tool added to announce a list change"},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, WhoamiOutput, error) {
+			return nil, WhoamiOutput{Backend: b.Name}, nil
+		})
+	return true
+}

@@ -50,7 +50,12 @@ type outcome struct {
 func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange) outcome {
 	// A GET stream is an idle channel for server messages, not work in
 	// flight: counting it would add a constant per session to the load.
-	if x.class.Kind != KindStream {
+	switch {
+	case x.class.Op == OpListen:
+		// A subscriptions/listen stream: counted as a stream (listen.go).
+		x.ep.BeginListen()
+		defer x.ep.EndListen()
+	case x.class.Kind != KindStream:
 		x.ep.Begin()
 		defer x.ep.End()
 	}
@@ -493,7 +498,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		mode = flushReads
 	}
 	pool := &copyBuffers
-	if x.class.Kind == KindStream {
+	if x.class.Kind == KindStream || x.class.Op == OpListen {
 		// GET streams are long-lived and mostly idle: they copy through
 		// small buffers (streamCopyBufferSize) so that thousands of them
 		// stay cheap.
@@ -505,7 +510,12 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		}
 	}
 	buf := pool.Get().(*[]byte)
-	err := copyBody(w, resp.Body, *buf, mode)
+	var err error
+	if x.class.Op == OpListen && mode == flushEvents {
+		err = copyListen(w, resp.Body, *buf, x.ep.Departed())
+	} else {
+		err = copyBody(w, resp.Body, *buf, mode)
+	}
 	pool.Put(buf)
 	if err != nil {
 		resp.Body.Close()

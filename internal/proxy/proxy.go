@@ -240,7 +240,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, &class, rerr)
 		return
 	}
-	if class.Kind == KindStream {
+	if class.Kind == KindStream || class.Op == OpListen {
+		// A subscriptions/listen stream is the 2026-07-28 GET stream: the
+		// same bound.
 		if !p.streams.acquire() {
 			p.refuse(w, &class, errTooManyStreams)
 			return
@@ -302,6 +304,9 @@ func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
 		if span != nil {
 			span.SetAttributes(attribute.Bool("tether.affinity", true))
 		}
+	} else if x.class.Op == OpListen && x.route == RouteStateless {
+		// A subscriptions/listen stream: placed counting streams (listen.go).
+		ep, err = p.bal.PickListen(x.excluded)
 	} else if span != nil || x.route == RouteNew {
 		// Placements are rare and worth explaining later; other picks are
 		// explained only when traced.

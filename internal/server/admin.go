@@ -30,6 +30,8 @@ type EndpointView struct {
 	State    string `json:"state"` // ready, fenced, ejected; gone when no longer an endpoint
 	Sessions int64  `json:"sessions"`
 	Inflight int64  `json:"inflight"`
+	// ListenStreams are the open subscriptions/listen streams (MCP 2026-07-28).
+	ListenStreams int64 `json:"listen_streams"`
 }
 
 // StoreView is the session store's state.

@@ -135,6 +135,9 @@ type Config struct {
 	// 0 is balancer.DefaultAffinityEpsilon). See proxy.Config.
 	AffinityHeader  string
 	AffinityEpsilon float64
+	// ListenStreamWeight is what one subscriptions/listen stream adds to
+	// its backend's load (balancer.Options.ListenStreamWeight; 0 nothing).
+	ListenStreamWeight float64
 
 	// HTTP2MaxConcurrentStreams bounds the concurrent requests of one h2c
 	// client connection; 0 is DefaultHTTP2MaxConcurrentStreams.
@@ -243,7 +246,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 	}()
 
-	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, Affinity: affinity, OnUpdate: func(eps []*balancer.Endpoint) {
+	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, Affinity: affinity, ListenStreamWeight: cfg.ListenStreamWeight, OnUpdate: func(eps []*balancer.Endpoint) {
 		s.metrics.RetainBackends(endpointURLs(eps))
 	}})
 	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
@@ -490,7 +493,7 @@ func EndpointStats(bal *balancer.Balancer) []telemetry.EndpointStat {
 		if e.Ejected() {
 			state = "ejected"
 		}
-		out[i] = telemetry.EndpointStat{ID: e.ID, URL: e.String(), State: state, Sessions: e.Sessions(), Inflight: e.Inflight()}
+		out[i] = telemetry.EndpointStat{ID: e.ID, URL: e.String(), State: state, Sessions: e.Sessions(), Inflight: e.Inflight(), ListenStreams: e.ListenStreams()}
 	}
 	return out
 }

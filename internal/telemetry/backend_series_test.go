@@ -78,8 +78,9 @@ func TestBackendSeriesLeaveWithTheirEndpoints(t *testing.T) {
 			stray = e
 		}
 		// Requests through endpoint i added series (three request series
-		// plus its two gauges); the ones of endpoint i-1 are gone.
-		if got, want := backendSeries(t, m), start+5+strays; got != want {
+		// plus its three gauges: sessions, in flight, listen streams); the
+		// ones of endpoint i-1 are gone.
+		if got, want := backendSeries(t, m), start+6+strays; got != want {
 			t.Fatalf("rollout %d: %d per-backend series, want %d", i, got, want)
 		}
 	}

@@ -30,6 +30,7 @@ type Metrics struct {
 type EndpointStat struct {
 	ID, URL, State     string // State: ready, fenced, ejected
 	Sessions, Inflight int64
+	ListenStreams      int64 // open subscriptions/listen streams
 }
 
 // StoreStat is the session store's state at scrape time.
@@ -250,6 +251,8 @@ var (
 		"Live sessions per backend (fleet-wide with a shared store).", []string{"backend"}, nil)
 	inflightDesc = prometheus.NewDesc("tether_backend_inflight_requests",
 		"Requests in flight per backend (GET streams excluded).", []string{"backend"}, nil)
+	listenStreamsDesc = prometheus.NewDesc("tether_backend_listen_streams",
+		"Open subscriptions/listen streams per backend (MCP 2026-07-28), counted apart from requests in flight.", []string{"backend"}, nil)
 	endpointsDesc = prometheus.NewDesc("tether_endpoints",
 		"Endpoints by state: ready (takes new sessions), fenced (terminating: keeps its sessions), ejected (failing dials).", []string{"state"}, nil)
 )
@@ -257,6 +260,7 @@ var (
 func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sessionsDesc
 	ch <- inflightDesc
+	ch <- listenStreamsDesc
 	ch <- endpointsDesc
 }
 
@@ -265,6 +269,7 @@ func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, e := range c.list() {
 		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(e.Sessions), e.URL)
 		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(e.Inflight), e.URL)
+		ch <- prometheus.MustNewConstMetric(listenStreamsDesc, prometheus.GaugeValue, float64(e.ListenStreams), e.URL)
 		states[e.State]++
 	}
 	for state, n := range states {
