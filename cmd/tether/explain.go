@@ -74,7 +74,7 @@ func explainCommand(ctx context.Context, args []string, getenv func(string) stri
 
 // writeExplainTask prints a task's record:
 //
-//	task      786512e2…  (in traces and logs: tether.task=3c1d…)
+//	task      786512e2…  (in traces and logs: mcp.task.id=3c1d…)
 //	lives on  http://10.0.0.7:8080  ready, 12 sessions, 1 in flight
 //
 //	record
@@ -83,7 +83,7 @@ func explainCommand(ctx context.Context, args []string, getenv func(string) stri
 //	  expires    in 56m (…), TTL 1h0m0s
 func writeExplainTask(w io.Writer, v taskView) {
 	t, b := v.Task, v.Backend
-	fmt.Fprintf(w, "task      %s  (in traces and logs: tether.task=%s)\n", t.ID, t.IDHash)
+	fmt.Fprintf(w, "task      %s  (in traces and logs: mcp.task.id=%s)\n", t.ID, t.IDHash)
 	if b.State == "gone" {
 		fmt.Fprintf(w, "lives on  %s  gone: no longer an endpoint (the task is lost; its requests get the unknown-task error)\n", t.BackendURL)
 	} else {

@@ -159,7 +159,8 @@ func (p *Proxy) routeTask(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	p.metrics.TaskRoute(result)
 	if span != nil {
-		span.SetAttributes(attribute.String("tether.task", session.HashID(id)), attribute.String("tether.task.result", result))
+		// The server span carries the task as mcp.task.id (hashed).
+		span.SetAttributes(attribute.String("tether.task.result", result))
 	}
 	switch result {
 	case taskRouted:
@@ -171,7 +172,7 @@ func (p *Proxy) routeTask(ctx context.Context, w http.ResponseWriter, r *http.Re
 		writeJSONRPCError(w, http.StatusServiceUnavailable, x.class.ID, codeUnavailable, "session store unavailable")
 		return false
 	case taskBackendGone:
-		p.log.Info("task's backend is gone; the task is lost", "task", session.HashID(id), "backend", rec.BackendURL)
+		p.log.Debug("task's backend is gone; the task is lost", "task", session.HashID(id), "backend", rec.BackendURL)
 	}
 	writeUnknownTask(w, x)
 	return false
@@ -181,7 +182,7 @@ func (p *Proxy) routeTask(ctx context.Context, w http.ResponseWriter, r *http.Re
 // connection (and is now ejected): the task cannot be sent anywhere else.
 func (p *Proxy) taskBackendFailed(w http.ResponseWriter, x *exchange, failed *balancer.Endpoint) {
 	p.metrics.TaskRoute(taskBackendGone)
-	p.log.Info("task's backend refused the connection; the task is lost", "task", session.HashID(x.taskID), "backend", failed.String())
+	p.log.Debug("task's backend refused the connection; the task is lost", "task", session.HashID(x.taskID), "backend", failed.String())
 	writeUnknownTask(w, x)
 }
 

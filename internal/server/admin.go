@@ -166,7 +166,7 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 // only whether the task is bound to its creator's credentials.
 type TaskRecordView struct {
 	ID         string `json:"id"`
-	IDHash     string `json:"id_hash"` // as in traces and logs (tether.task)
+	IDHash     string `json:"id_hash"` // as in traces (mcp.task.id) and logs (task)
 	BackendID  string `json:"backend_id"`
 	BackendURL string `json:"backend_url"`
 	// PrincipalBound: the creating request carried credentials, and only
