@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/taskbackend"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Task routing (SEP-2663) through tether, against real task backends
@@ -216,5 +217,56 @@ func TestTasksPrincipalMismatch(t *testing.T) {
 	}
 	if got := sampleValue(t, h.metrics.Registry, "tether_task_routes_total", map[string]string{"result": "principal_mismatch"}); got != 4 {
 		t.Fatalf("principal_mismatch counted %v times, want 4", got)
+	}
+}
+
+// TestTasksStoreOutage: while Redis does not answer, a created task's answer is
+// still relayed (the task runs regardless), its polls get 503 with
+// Retry-After rather than a verdict, and once Redis is back the task whose
+// record timed out is routed or answered as unknown, never guessed.
+func TestTasksStoreOutage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bs := startTaskBackends(t, 2)
+	rds := redistest.Start(t)
+	h := newTether(t, taskURLs(bs), harnessOptions{redis: rds, metrics: true})
+	c := taskClient(h)
+	recorded, err := c.CreateTask(ctx, "work", map[string]any{"ms": -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Frozen: connections stay open and nothing is answered, so every
+	// store call runs into its timeout (the record's bound included).
+	rds.Freeze()
+	lost, err := c.CreateTask(ctx, "work", map[string]any{"ms": -1})
+	if err != nil {
+		t.Fatalf("a task created during the outage: %v, want its answer relayed", err)
+	}
+	if got := sampleValue(t, h.metrics.Registry, "tether_task_records_total", map[string]string{"result": "failed"}); got != 1 {
+		t.Fatalf("failed records counted %v, want 1", got)
+	}
+	resp := h.post("", `{"jsonrpc":"2.0","id":9,"method":"tasks/get","params":{"taskId":"`+recorded.TaskID+`","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`,
+		"MCP-Protocol-Version", "2026-07-28", "Mcp-Method", "tasks/get", "Mcp-Name", recorded.TaskID)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("tasks/get during the outage: %d (Retry-After %q), want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	rds.Thaw()
+	// The cache notices Redis is back on its own schedule: wait for the
+	// recorded task to be routed again.
+	testkit.EventuallyNoError(t, 20*time.Second, func() error {
+		_, err := c.GetTask(ctx, recorded.TaskID)
+		return err
+	}, "the recorded task after Redis came back")
+	// A write that timed out may still have reached Redis (it was in the
+	// frozen server's socket): the task is then routed; if not, it is
+	// unknown. Either way no backend is guessed (misroutes below).
+	if _, err := c.GetTask(ctx, lost.TaskID); err != nil && !taskbackend.IsUnknownTask(err) {
+		t.Fatalf("the task whose record timed out: %v, want it routed or the unknown-task error", err)
+	}
+	if n := misroutes(bs); n != 0 {
+		t.Fatalf("%d task requests reached a backend without the task", n)
 	}
 }
