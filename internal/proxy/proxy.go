@@ -281,7 +281,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 			writeRequestError(w, x.class.ID, errInitTooLarge)
 			return false
 		}
-	case x.class.Op == OpTask && x.class.Era == EraModern && p.tasks != nil:
+	case x.class.Op == OpTask && x.class.Era == EraModern && x.class.Kind == KindRequest && p.tasks != nil:
 		// A task lives on one backend: see taskroute.go.
 		x.route = RouteStateless
 		if !p.routeTask(ctx, w, r, x, span) {
