@@ -8,5 +8,6 @@ type (
 	endpointView  = server.EndpointView
 	endpointsView = server.EndpointsView
 	sessionView   = server.SessionView
+	taskView      = server.TaskView
 	adminError    = server.AdminError
 )

@@ -23,15 +23,19 @@ import (
 // adminRequestTimeout bounds one request to the admin listener.
 const adminRequestTimeout = 5 * time.Second
 
-// errSessionNotFound is the admin's 404 for a session.
-var errSessionNotFound = errors.New("session not found")
+// errSessionNotFound and errTaskNotFound are the admin's 404s for a
+// session and for a task.
+var (
+	errSessionNotFound = errors.New("session not found")
+	errTaskNotFound    = errors.New("task not found")
+)
 
 func explainCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tether explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	admin := fs.String("admin", defaultAdmin(getenv), "admin address of the tether to ask (URL or host:port; env TETHER_ADMIN_LISTEN)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: tether explain SESSION_ID [--admin URL]")
+		fmt.Fprintln(fs.Output(), "usage: tether explain SESSION_ID|TASK_ID [--admin URL]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseInterspersed(fs, args)
@@ -39,7 +43,7 @@ func explainCommand(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return errors.New("explain: want one SESSION_ID (tether explain SESSION_ID [--admin URL])")
+		return errors.New("explain: want one SESSION_ID or TASK_ID (tether explain ID [--admin URL])")
 	}
 	base, err := adminURL(*admin)
 	if err != nil {
@@ -48,13 +52,56 @@ func explainCommand(ctx context.Context, args []string, getenv func(string) stri
 	var v sessionView
 	err = getAdmin(ctx, base, "/debug/sessions/"+url.PathEscape(pos[0]), &v)
 	if errors.Is(err, errSessionNotFound) {
-		return fmt.Errorf("session %q not found (asked %s)", pos[0], base)
+		// Session ids and task ids are both minted by backends, and an
+		// operator holding one may not know which it is: ask for a task.
+		var tv taskView
+		err = getAdmin(ctx, base, "/debug/tasks/"+url.PathEscape(pos[0]), &tv)
+		if errors.Is(err, errTaskNotFound) {
+			return fmt.Errorf("session %q not found, nor a task of that id (asked %s)", pos[0], base)
+		}
+		if err != nil {
+			return err
+		}
+		writeExplainTask(stdout, tv)
+		return nil
 	}
 	if err != nil {
 		return err
 	}
 	writeExplain(stdout, v)
 	return nil
+}
+
+// writeExplainTask prints a task's record:
+//
+//	task      786512e2…  (in traces and logs: mcp.task.id=3c1d…)
+//	lives on  http://10.0.0.7:8080  ready, 12 sessions, 1 in flight
+//
+//	record
+//	  principal  bound to its creator's credentials
+//	  created    4m ago (…)
+//	  expires    in 56m (…), TTL 1h0m0s
+func writeExplainTask(w io.Writer, v taskView) {
+	t, b := v.Task, v.Backend
+	fmt.Fprintf(w, "task      %s  (in traces and logs: mcp.task.id=%s)\n", t.ID, t.IDHash)
+	if b.State == "gone" {
+		fmt.Fprintf(w, "lives on  %s  gone: no longer an endpoint (the task is lost; its requests get the unknown-task error)\n", t.BackendURL)
+	} else {
+		fmt.Fprintf(w, "lives on  %s  %s\n", t.BackendURL, backendState(b))
+	}
+	if t.BackendID != t.BackendURL {
+		fmt.Fprintf(w, "          endpoint %s\n", t.BackendID)
+	}
+	principal := "none: anyone holding the id may poll and cancel it"
+	if t.PrincipalBound {
+		principal = "bound to its creator's credentials"
+	}
+	ttl := time.Duration(t.TTLSeconds * float64(time.Second))
+	left := t.Expires.Sub(v.Now).Round(time.Second)
+	fmt.Fprintln(w, "\nrecord")
+	fmt.Fprintf(w, "  %-10s %s\n", "principal", principal)
+	fmt.Fprintf(w, "  %-10s %s\n", "created", agoString(v.Now, t.Created))
+	fmt.Fprintf(w, "  %-10s in %s (%s), TTL %s\n", "expires", left, t.Expires.Local().Format(time.RFC3339), ttl)
 }
 
 func statusCommand(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -159,6 +206,9 @@ func getAdmin(ctx context.Context, base, path string, v any) error {
 		}
 		if resp.StatusCode == http.StatusNotFound && e.Error == errSessionNotFound.Error() {
 			return errSessionNotFound
+		}
+		if resp.StatusCode == http.StatusNotFound && e.Error == errTaskNotFound.Error() {
+			return errTaskNotFound
 		}
 		return fmt.Errorf("admin %s: %s", base, e.Error)
 	}

@@ -126,8 +126,6 @@ func TestModernHeaderValidation(t *testing.T) {
 			[]string{pv, modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", "=?base64?SGVsbG8sIOS4lueVjA==?="}},
 		{"modern escaped body name", modernBody("tools/call", `"n\u0061me":"wh\u006fami",`),
 			[]string{pv, modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", "whoami"}},
-		{"modern task", modernBody("tasks/get", `"taskId":"t-1",`),
-			[]string{pv, modernVersion, "Mcp-Method", "tasks/get", "Mcp-Name", "t-1"}},
 		{"modern notification without Mcp-Method", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{}}`,
 			[]string{pv, modernVersion}},
 		// Older versions: headers neither required nor trusted, routed as before.
@@ -166,6 +164,23 @@ func TestModernHeaderValidation(t *testing.T) {
 				t.Fatalf("backend saw %d requests, want %d", n, i+1)
 			}
 		})
+	}
+
+	// A valid modern tasks/get passes validation and is then routed by its
+	// task record (taskroute.go): tether recorded no task "t-1", so it
+	// answers SEP-2663's unknown-task error itself.
+	resp := h.post("", modernBody("tasks/get", `"taskId":"t-1",`), pv, modernVersion, "Mcp-Method", "tasks/get", "Mcp-Name", "t-1")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e jsonRPCError
+	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != http.StatusOK || e.Error.Code != -32602 || string(e.ID) != "7" {
+		t.Fatalf("tasks/get of an unrecorded task: status %d %s, want 200 with -32602", resp.StatusCode, body)
+	}
+	rb.mu.Lock()
+	n := len(rb.requests)
+	rb.mu.Unlock()
+	if n != len(forwarded)-1 {
+		t.Fatalf("backend saw %d requests, want %d: the unrecorded task's request was forwarded", n, len(forwarded)-1)
 	}
 }
 

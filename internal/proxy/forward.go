@@ -424,6 +424,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 			resp.Header.Del("Content-Length")
 		}
 	}
+	p.watchTaskCreation(r, x, out, resp)
 	return outcome{}
 }
 

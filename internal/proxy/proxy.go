@@ -123,6 +123,10 @@ type Proxy struct {
 	// affinityHeader is Config.AffinityHeader, canonical ("": off).
 	affinityHeader string
 
+	// tasks is the store's task records (taskroute.go); nil when the store
+	// keeps none, and then task requests are picked like any other.
+	tasks session.TaskStore
+
 	flights singleflight.Group // one re-initialization per session at a time
 }
 
@@ -146,6 +150,7 @@ func New(cfg Config) *Proxy {
 
 		affinityHeader: http.CanonicalHeaderKey(cfg.AffinityHeader),
 	}
+	p.tasks, _ = cfg.Store.(session.TaskStore)
 	if p.affinityHeader != "" && !p.bal.KeyAffinity() {
 		panic("proxy: Config.AffinityHeader needs a Balancer built with Options.Affinity")
 	}
@@ -195,6 +200,9 @@ type exchange struct {
 	// affinityKey is the value of the affinity header of a session-less
 	// modern request: picks for it go by the key ("" for any other).
 	affinityKey string
+	// taskID is the task a modern tasks/* request names, routed to the
+	// task's backend and never elsewhere ("" for any other request).
+	taskID string
 
 	out   statusRecorder // the client's response writer, remembering the status
 	start time.Time
@@ -273,6 +281,12 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 			// The body is kept for the session's life and replayed: refused
 			// before it is stored or forwarded.
 			writeRequestError(w, x.class.ID, errInitTooLarge)
+			return false
+		}
+	case x.class.Op == OpTask && x.class.Era == EraModern && x.class.Kind == KindRequest && p.tasks != nil:
+		// A task lives on one backend: see taskroute.go.
+		x.route = RouteStateless
+		if !p.routeTask(ctx, w, r, x, span) {
 			return false
 		}
 	case x.class.SessionID == "":
@@ -432,6 +446,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			// The backend mints ids that collide with live sessions: the
 			// next try goes elsewhere.
 			x.excluded = failed
+		}
+		if x.taskID != "" {
+			// A task is not replayed elsewhere (taskroute.go).
+			p.taskBackendFailed(w, x, failed)
+			return
 		}
 		if x.rec == nil {
 			continue // new or stateless: pick another backend

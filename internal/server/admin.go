@@ -109,6 +109,7 @@ func (s *Server) adminHandler() http.Handler {
 	// port-forward arrive on loopback.
 	mux.Handle("GET /debug/sessions/{id}", loopbackOnly(http.HandlerFunc(s.debugSession)))
 	mux.Handle("GET /debug/endpoints", loopbackOnly(http.HandlerFunc(s.debugEndpoints)))
+	mux.Handle("GET /debug/tasks/{id}", loopbackOnly(http.HandlerFunc(s.debugTask)))
 	return mux
 }
 
@@ -163,6 +164,71 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if h, ok := s.proxy.History(sid); ok {
 		v.History = &h
+	}
+	writeAdminJSON(w, http.StatusOK, v)
+}
+
+// TaskRecordView is a task record (SEP-2663 tasks, recorded by the proxy
+// when a backend created the task). The principal digest is not shown:
+// only whether the task is bound to its creator's credentials.
+type TaskRecordView struct {
+	ID         string `json:"id"`
+	IDHash     string `json:"id_hash"` // as in traces (mcp.task.id) and logs (task)
+	BackendID  string `json:"backend_id"`
+	BackendURL string `json:"backend_url"`
+	// PrincipalBound: the creating request carried credentials, and only
+	// requests with the same ones are routed to the task.
+	PrincipalBound bool      `json:"principal_bound"`
+	Created        time.Time `json:"created"`
+	TTLSeconds     float64   `json:"ttl_seconds"`
+	Expires        time.Time `json:"expires"`
+}
+
+// TaskView is GET /debug/tasks/{id}.
+type TaskView struct {
+	Task    TaskRecordView `json:"task"`
+	Backend EndpointView   `json:"backend"`
+	Now     time.Time      `json:"now"`
+}
+
+// debugTask serves GET /debug/tasks/{id}.
+func (s *Server) debugTask(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ts, ok := s.store.(session.TaskStore)
+	if !ok {
+		writeAdminJSON(w, http.StatusNotFound, AdminError{"task not found"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminLookupTimeout)
+	defer cancel()
+	rec, err := ts.GetTask(ctx, id)
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		writeAdminJSON(w, http.StatusNotFound, AdminError{"task not found"})
+		return
+	case err != nil:
+		writeAdminJSON(w, http.StatusServiceUnavailable, AdminError{"session store: " + err.Error()})
+		return
+	}
+	v := TaskView{
+		Task: TaskRecordView{
+			ID:             rec.TaskID,
+			IDHash:         session.HashID(rec.TaskID),
+			BackendID:      rec.BackendID,
+			BackendURL:     rec.BackendURL,
+			PrincipalBound: rec.Principal != "",
+			Created:        rec.Created,
+			TTLSeconds:     rec.TTL.Seconds(),
+			Expires:        rec.Expires(),
+		},
+		Backend: EndpointView{ID: rec.BackendID, URL: rec.BackendURL, State: "gone"},
+		Now:     time.Now(),
+	}
+	for _, e := range s.Stats() {
+		if e.ID == rec.BackendID {
+			v.Backend = EndpointView(e)
+			break
+		}
 	}
 	writeAdminJSON(w, http.StatusOK, v)
 }

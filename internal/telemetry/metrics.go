@@ -24,6 +24,7 @@ type Metrics struct {
 	storeErrors     *prometheus.CounterVec
 	storeDegraded   prometheus.Gauge
 	limitRejections *prometheus.CounterVec
+	tasks           taskMetrics
 }
 
 // EndpointStat is one endpoint as the metrics see it at scrape time.
@@ -122,6 +123,7 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.reinits, m.pickDuration,
 		m.storeDuration, m.storeErrors, m.storeDegraded, m.limitRejections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.tasks = newTaskMetrics(m.Registry)
 	if opts.Endpoints != nil {
 		m.Registry.MustRegister(&endpointCollector{list: opts.Endpoints})
 	}
