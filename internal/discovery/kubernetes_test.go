@@ -178,7 +178,7 @@ func TestKubernetesSourceWiring(t *testing.T) {
 		listsMu.Unlock()
 		return false, nil, nil // on to the object tracker
 	})
-	snaps, logs, _ := runSource(t, client, PortSelector{Name: "mcp"})
+	snaps, logs, stop := runSource(t, client, PortSelector{Name: "mcp"})
 
 	quiet(t, snaps, 200*time.Millisecond) // not synced: nothing published
 	close(release)
@@ -252,7 +252,9 @@ func TestKubernetesSourceWiring(t *testing.T) {
 	}
 	expect(t, next(t, snaps), "u9/10.0.0.1:8080 http://10.0.0.1:8080 ready")
 
-	// One info line per change.
+	// One info line per change. A change is logged after its snapshot is
+	// published: stopping the source first waits for the last lines.
+	stop()
 	for _, want := range []struct {
 		msg string
 		n   int
