@@ -10,7 +10,7 @@ import (
 
 // Key affinity: consistent hashing with bounded loads (V. Mirrokni,
 // M. Thorup, M. Zadimoghaddam, "Consistent Hashing with Bounded Loads",
-// SODA 2018, arXiv:1608.01350). Each eligible endpoint owns VirtualNodes
+// SODA 2018, arXiv:1608.01350). Each eligible endpoint owns virtualNodes
 // points on a 64-bit ring; a key hashes to a point and goes to the first
 // endpoint clockwise whose load is below the capacity
 //
@@ -53,12 +53,12 @@ import (
 // Begin. The placement bound is exact for serialized picks (the tests
 // assert it).
 
-// VirtualNodes is the number of ring points per endpoint. With v points an
+// virtualNodes is the number of ring points per endpoint. With v points an
 // endpoint's share of the ring deviates from 1/n by about 1/sqrt(v) (10%
 // at 100); the bounded load absorbs the rest. It is a constant, not a
 // setting, because replicas that disagreed on it would route the same key
 // to different endpoints.
-const VirtualNodes = 100
+const virtualNodes = 100
 
 // DefaultAffinityEpsilon is ε when AffinityOptions.Epsilon is 0: no
 // endpoint receives a keyed request while it carries 25% more than the
@@ -126,10 +126,10 @@ func newKeyRing(eligible []*Endpoint) *keyRing {
 		point uint64
 		owner *Endpoint
 	}
-	vnodes := make([]vnode, 0, len(eligible)*VirtualNodes)
+	vnodes := make([]vnode, 0, len(eligible)*virtualNodes)
 	for _, e := range eligible {
 		base := fnv1a(e.ID)
-		for i := range uint64(VirtualNodes) {
+		for i := range uint64(virtualNodes) {
 			// mix64 is a bijection, so an endpoint's points are distinct.
 			vnodes = append(vnodes, vnode{mix64(base + i*0x9e3779b97f4a7c15), e})
 		}

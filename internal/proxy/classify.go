@@ -22,27 +22,27 @@ const (
 // leaves room while keeping records and logs bounded.
 const maxSessionIDLen = 256
 
-// Kind is what an HTTP request means to MCP, as far as routing cares.
-type Kind uint8
+// kind is what an HTTP request means to MCP, as far as routing cares.
+type kind uint8
 
 const (
-	KindRequest      Kind = iota // POST of a JSON-RPC request (or a batch holding one)
-	KindInitialize               // POST whose message, or one of whose batch members, is initialize
-	KindNotification             // POST of notifications only
-	KindResponse                 // POST of responses (to server-initiated requests) only
-	KindStream                   // GET: the server-to-client SSE stream
-	KindDelete                   // DELETE: end the session
-	KindOther                    // any other HTTP method (OPTIONS preflight, HEAD, ...)
+	kindRequest      kind = iota // POST of a JSON-RPC request (or a batch holding one)
+	kindInitialize               // POST whose message, or one of whose batch members, is initialize
+	kindNotification             // POST of notifications only
+	kindResponse                 // POST of responses (to server-initiated requests) only
+	kindStream                   // GET: the server-to-client SSE stream
+	kindDelete                   // DELETE: end the session
+	kindOther                    // any other HTTP method (OPTIONS preflight, HEAD, ...)
 )
 
 var kindNames = [...]string{"request", "initialize", "notification", "response", "stream", "delete", "other"}
 
-func (k Kind) String() string { return kindNames[k] }
+func (k kind) String() string { return kindNames[k] }
 
-// Classification is everything the router needs to know about a request. It
+// classification is everything the router needs to know about a request. It
 // is computed once, before any routing decision.
-type Classification struct {
-	Kind            Kind
+type classification struct {
+	Kind            kind
 	SessionID       string          // Mcp-Session-Id as the client sent it ("" if none)
 	ProtocolVersion string          // MCP-Protocol-Version as the client sent it
 	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
@@ -54,8 +54,8 @@ type Classification struct {
 	// of routing. Name is the body's params.name (tools/call,
 	// prompts/get), params.uri (resources/read) or params.taskId (tasks/*)
 	// once a modern request's Mcp-Name matched it; "" otherwise.
-	Era    Era
-	Op     Op
+	Era    protocolEra
+	Op     op
 	Name   string
 	Params []byte // the raw params of a single message, inside Body; nil if none
 }
@@ -115,8 +115,8 @@ var (
 // refusing more than maxBody bytes: an oversized Content-Length is refused
 // before a byte of the body is read. The body's buffer is reserved from
 // budget (nil: unbounded) as it grows; see readBody.
-func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classification, *requestError) {
-	var c Classification
+func classify(r *http.Request, maxBody int64, budget *byteBudget) (classification, *requestError) {
+	var c classification
 	c.ProtocolVersion = r.Header.Get(headerProtocolVersion)
 	// An empty header counts as none (some proxies send one); two values,
 	// or one that is not 1..256 visible ASCII characters, are refused.
@@ -131,11 +131,11 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classificatio
 	switch r.Method {
 	case http.MethodPost:
 	case http.MethodGet:
-		c.Kind = KindStream
+		c.Kind = kindStream
 	case http.MethodDelete:
-		c.Kind = KindDelete
+		c.Kind = kindDelete
 	default:
-		c.Kind = KindOther
+		c.Kind = kindOther
 	}
 	if r.Method != http.MethodPost {
 		c.Era = requestEra(&c)
@@ -167,7 +167,7 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (Classificatio
 	if rerr != nil {
 		return c, rerr
 	}
-	if c.Era == EraModern {
+	if c.Era == eraModern {
 		// Checked before anything routes on these headers
 		// (streamable-http.mdx, "Server Validation").
 		if rerr := validateModern(r.Header, &c, c.Params); rerr != nil {
@@ -254,7 +254,7 @@ func readBody(r *http.Request, maxBody int64, budget *byteBudget) ([]byte, *requ
 }
 
 // parseMessages fills c.Kind, c.Method, c.ID and c.Batch from a POST body.
-func parseMessages(body []byte, c *Classification) *requestError {
+func parseMessages(body []byte, c *classification) *requestError {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return errEmptyBody
@@ -274,7 +274,7 @@ func parseMessages(body []byte, c *Classification) *requestError {
 		c.Kind = kind
 		c.Method = m.Method
 		c.Params = m.Params
-		if kind == KindRequest || kind == KindInitialize {
+		if kind == kindRequest || kind == kindInitialize {
 			c.ID = m.ID
 		}
 		return nil
@@ -306,45 +306,45 @@ func parseMessages(body []byte, c *Classification) *requestError {
 // batchKind classifies a batch as a whole: initialize anywhere makes it a
 // new session; otherwise any request makes it a request; otherwise it is
 // notifications and/or responses, both answered 202 by the server.
-// Callers pass the Classification to each step rather than keep a pointer
+// Callers pass the classification to each step rather than keep a pointer
 // to it here, so that it stays on their stack.
 type batchKind struct {
 	sawResponse, sawNotification bool
 }
 
-func (b *batchKind) start(c *Classification) {
-	c.Batch, c.Kind = true, KindNotification
+func (b *batchKind) start(c *classification) {
+	c.Batch, c.Kind = true, kindNotification
 }
 
-func (b *batchKind) add(c *Classification, m *wireMessage) *requestError {
+func (b *batchKind) add(c *classification, m *wireMessage) *requestError {
 	kind, rerr := messageKind(m)
 	if rerr != nil {
 		return rerr
 	}
 	switch kind {
-	case KindInitialize:
-		c.Kind, c.Method = KindInitialize, "initialize"
-	case KindRequest:
-		if c.Kind != KindInitialize {
-			c.Kind = KindRequest
+	case kindInitialize:
+		c.Kind, c.Method = kindInitialize, "initialize"
+	case kindRequest:
+		if c.Kind != kindInitialize {
+			c.Kind = kindRequest
 			if c.Method == "" {
 				c.Method = m.Method
 			}
 		}
-	case KindResponse:
+	case kindResponse:
 		b.sawResponse = true
-	case KindNotification:
+	case kindNotification:
 		b.sawNotification = true
-		if c.Method == "" && c.Kind == KindNotification {
+		if c.Method == "" && c.Kind == kindNotification {
 			c.Method = m.Method
 		}
 	}
 	return nil
 }
 
-func (b *batchKind) finish(c *Classification) {
-	if c.Kind == KindNotification && b.sawResponse && !b.sawNotification {
-		c.Kind = KindResponse
+func (b *batchKind) finish(c *classification) {
+	if c.Kind == kindNotification && b.sawResponse && !b.sawNotification {
+		c.Kind = kindResponse
 	}
 }
 
@@ -395,7 +395,7 @@ func jsonError(err error) *requestError {
 // messageKind applies JSON-RPC 2.0's rules: a method makes a request (with
 // an id) or a notification (without); no method but an id with a result or
 // an error makes a response.
-func messageKind(m *wireMessage) (Kind, *requestError) {
+func messageKind(m *wireMessage) (kind, *requestError) {
 	if m.JSONRPC != "2.0" {
 		return 0, errNotJSONRPC
 	}
@@ -405,18 +405,18 @@ func messageKind(m *wireMessage) (Kind, *requestError) {
 			return 0, errNotJSONRPC
 		}
 		if !hasID {
-			return KindNotification, nil
+			return kindNotification, nil
 		}
 		if !validID(m.ID) {
 			return 0, errNotJSONRPC
 		}
 		if m.Method == "initialize" {
-			return KindInitialize, nil
+			return kindInitialize, nil
 		}
-		return KindRequest, nil
+		return kindRequest, nil
 	}
 	if (m.Result != nil) != (m.Error != nil) && len(m.ID) > 0 {
-		return KindResponse, nil
+		return kindResponse, nil
 	}
 	return 0, errNotJSONRPC
 }

@@ -12,7 +12,7 @@ import (
 
 func TestClassify(t *testing.T) {
 	type result struct {
-		Kind      Kind
+		Kind      kind
 		Method    string
 		ID        string
 		Batch     bool
@@ -27,36 +27,36 @@ func TestClassify(t *testing.T) {
 		want   result
 	}{
 		{"request", "POST", "s1", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`,
-			result{Kind: KindRequest, Method: "tools/call", ID: "1", SessionID: "s1"}},
+			result{Kind: kindRequest, Method: "tools/call", ID: "1", SessionID: "s1"}},
 		{"string id", "POST", "s1", `{"jsonrpc":"2.0","id":"a-1","method":"ping"}`,
-			result{Kind: KindRequest, Method: "ping", ID: `"a-1"`, SessionID: "s1"}},
+			result{Kind: kindRequest, Method: "ping", ID: `"a-1"`, SessionID: "s1"}},
 		{"initialize", "POST", "", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}`,
-			result{Kind: KindInitialize, Method: "initialize", ID: "0"}},
+			result{Kind: kindInitialize, Method: "initialize", ID: "0"}},
 		{"initialize with a session id is still initialize", "POST", "old", `{"jsonrpc":"2.0","id":0,"method":"initialize"}`,
-			result{Kind: KindInitialize, Method: "initialize", ID: "0", SessionID: "old"}},
+			result{Kind: kindInitialize, Method: "initialize", ID: "0", SessionID: "old"}},
 		{"notification", "POST", "s1", `{"jsonrpc":"2.0","method":"notifications/initialized"}`,
-			result{Kind: KindNotification, Method: "notifications/initialized", SessionID: "s1"}},
+			result{Kind: kindNotification, Method: "notifications/initialized", SessionID: "s1"}},
 		{"notification with null id", "POST", "s1", `{"jsonrpc":"2.0","id":null,"method":"notifications/cancelled"}`,
-			result{Kind: KindNotification, Method: "notifications/cancelled", SessionID: "s1"}},
+			result{Kind: kindNotification, Method: "notifications/cancelled", SessionID: "s1"}},
 		{"response", "POST", "s1", `{"jsonrpc":"2.0","id":5,"result":{"roots":[]}}`,
-			result{Kind: KindResponse, SessionID: "s1"}},
+			result{Kind: kindResponse, SessionID: "s1"}},
 		{"error response", "POST", "s1", `{"jsonrpc":"2.0","id":5,"error":{"code":-1,"message":"no"}}`,
-			result{Kind: KindResponse, SessionID: "s1"}},
+			result{Kind: kindResponse, SessionID: "s1"}},
 		{"batch of requests", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","method":"notifications/x"}]`,
-			result{Kind: KindRequest, Method: "tools/list", Batch: true, SessionID: "s1"}},
+			result{Kind: kindRequest, Method: "tools/list", Batch: true, SessionID: "s1"}},
 		{"batch holding initialize", "POST", "", `[{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":1,"method":"initialize"}]`,
-			result{Kind: KindInitialize, Method: "initialize", Batch: true}},
+			result{Kind: kindInitialize, Method: "initialize", Batch: true}},
 		{"batch of notifications", "POST", "s1", `[{"jsonrpc":"2.0","method":"notifications/a"},{"jsonrpc":"2.0","method":"notifications/b"}]`,
-			result{Kind: KindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
+			result{Kind: kindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
 		{"batch of responses", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"result":{}}]`,
-			result{Kind: KindResponse, Batch: true, SessionID: "s1"}},
+			result{Kind: kindResponse, Batch: true, SessionID: "s1"}},
 		{"batch of responses and notifications", "POST", "s1", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","method":"notifications/a"}]`,
-			result{Kind: KindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
-		{"GET stream", "GET", "s1", "", result{Kind: KindStream, SessionID: "s1"}},
-		{"GET without session", "GET", "", "", result{Kind: KindStream}},
-		{"DELETE", "DELETE", "s1", "", result{Kind: KindDelete, SessionID: "s1"}},
-		{"OPTIONS", "OPTIONS", "", "", result{Kind: KindOther}},
-		{"whitespace around", "POST", "", " \n\t{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n", result{Kind: KindRequest, Method: "ping", ID: "1"}},
+			result{Kind: kindNotification, Method: "notifications/a", Batch: true, SessionID: "s1"}},
+		{"GET stream", "GET", "s1", "", result{Kind: kindStream, SessionID: "s1"}},
+		{"GET without session", "GET", "", "", result{Kind: kindStream}},
+		{"DELETE", "DELETE", "s1", "", result{Kind: kindDelete, SessionID: "s1"}},
+		{"OPTIONS", "OPTIONS", "", "", result{Kind: kindOther}},
+		{"whitespace around", "POST", "", " \n\t{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n", result{Kind: kindRequest, Method: "ping", ID: "1"}},
 
 		{"empty", "POST", "", ``, result{Status: 400}},
 		{"not json", "POST", "", `jsonrpc`, result{Status: 400}},
@@ -72,7 +72,7 @@ func TestClassify(t *testing.T) {
 		{"a string", "POST", "", `"hello"`, result{Status: 400}},
 		{"bad session id", "POST", "bad\x7fid", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, result{Status: 400}},
 		{"session id too long", "GET", strings.Repeat("a", 257), "", result{Status: 400}},
-		{"session id at the limit", "GET", strings.Repeat("a", 256), "", result{Kind: KindStream, SessionID: strings.Repeat("a", 256)}},
+		{"session id at the limit", "GET", strings.Repeat("a", 256), "", result{Kind: kindStream, SessionID: strings.Repeat("a", 256)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -161,10 +161,10 @@ func FuzzClassify(f *testing.F) {
 		if !json.Valid([]byte(body)) {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
-		if c.Kind > KindResponse {
+		if c.Kind > kindResponse {
 			t.Fatalf("POST classified as %v", c.Kind)
 		}
-		if (c.Kind == KindRequest || c.Kind == KindInitialize || c.Kind == KindNotification) && c.Method == "" {
+		if (c.Kind == kindRequest || c.Kind == kindInitialize || c.Kind == kindNotification) && c.Method == "" {
 			t.Fatalf("%v without a method: %q", c.Kind, body)
 		}
 	})

@@ -17,40 +17,40 @@ import (
 // have no session and carry their version on every request. A dual-era
 // server serves both, so tether tells them apart per request.
 
-// Era is the protocol era of one request.
-type Era uint8
+// protocolEra is the protocol era of one request.
+type protocolEra uint8
 
 const (
-	// EraLegacy: initialize, a request with Mcp-Session-Id, or a version
+	// eraLegacy: initialize, a request with Mcp-Session-Id, or a version
 	// header older than 2026-07-28, absent or malformed. Routed as before
 	// the modern era existed; its routing headers are never trusted.
-	EraLegacy Era = iota
-	// EraModern: MCP-Protocol-Version 2026-07-28 or later and no session.
+	eraLegacy protocolEra = iota
+	// eraModern: MCP-Protocol-Version 2026-07-28 or later and no session.
 	// Its routing headers are validated against the body (validateModern).
-	EraModern
+	eraModern
 )
 
 var eraNames = [...]string{"legacy", "modern"}
 
-func (e Era) String() string { return eraNames[e] }
+func (e protocolEra) String() string { return eraNames[e] }
 
 // firstModernVersion is the first protocol version without sessions and
 // with routing headers (SEP-2243, SEP-2567, SEP-2575).
 const firstModernVersion = "2026-07-28"
 
-// Op is what a request's method asks of routing beyond a plain pick: the
+// op is what a request's method asks of routing beyond a plain pick: the
 // state it depends on lives on one backend.
-type Op uint8
+type op uint8
 
 const (
-	OpPlain  Op = iota // any backend can serve it
-	OpTask             // tasks/get, tasks/update, tasks/cancel: the task's backend (SEP-2663)
-	OpListen           // subscriptions/listen: a long-lived stream (basic/patterns/subscriptions.mdx)
+	opPlain  op = iota // any backend can serve it
+	opTask             // tasks/get, tasks/update, tasks/cancel: the task's backend (SEP-2663)
+	opListen           // subscriptions/listen: a long-lived stream (basic/patterns/subscriptions.mdx)
 )
 
 var opNames = [...]string{"plain", "task", "listen"}
 
-func (o Op) String() string { return opNames[o] }
+func (o op) String() string { return opNames[o] }
 
 // Routing headers of the 2026-07-28 Streamable HTTP transport
 // (docs/specification/2026-07-28/basic/transports/streamable-http.mdx,
@@ -89,27 +89,27 @@ func nameMember(method string) string {
 }
 
 // methodOp is the Op of a method.
-func methodOp(method string) Op {
+func methodOp(method string) op {
 	switch method {
 	case "tasks/get", "tasks/update", "tasks/cancel":
-		return OpTask
+		return opTask
 	case "subscriptions/listen":
-		return OpListen
+		return opListen
 	}
-	return OpPlain
+	return opPlain
 }
 
 // requestEra applies the era rule. Versions are dates, compared as strings
 // once they have a date's shape (as go-sdk does); anything else is legacy,
 // to be answered by the backend as today.
-func requestEra(c *Classification) Era {
-	if c.Kind == KindInitialize || c.SessionID != "" {
-		return EraLegacy
+func requestEra(c *classification) protocolEra {
+	if c.Kind == kindInitialize || c.SessionID != "" {
+		return eraLegacy
 	}
 	if isVersionDate(c.ProtocolVersion) && c.ProtocolVersion >= firstModernVersion {
-		return EraModern
+		return eraModern
 	}
-	return EraLegacy
+	return eraLegacy
 }
 
 // isVersionDate reports whether v is shaped YYYY-MM-DD.
@@ -167,11 +167,11 @@ func quoted(s string) string {
 // Mcp-Method is checked only when sent. Mcp-Param-* headers are forwarded
 // untouched: tether does not route on them, and checking one needs the
 // tool's inputSchema, which only the backend has.
-func validateModern(h http.Header, c *Classification, params []byte) *requestError {
+func validateModern(h http.Header, c *classification, params []byte) *requestError {
 	if c.Batch {
 		return errModernBatch
 	}
-	if c.Kind != KindRequest && c.Kind != KindNotification {
+	if c.Kind != kindRequest && c.Kind != kindNotification {
 		return nil // a response: not routed on headers (clients MUST NOT send them)
 	}
 	method, present, rerr := singleHeader(h, headerMethod)
@@ -179,7 +179,7 @@ func validateModern(h http.Header, c *Classification, params []byte) *requestErr
 		return rerr
 	}
 	switch {
-	case !present && c.Kind == KindRequest:
+	case !present && c.Kind == kindRequest:
 		return headerMismatch("Header mismatch: missing required %s header", headerMethod)
 	case present && method != c.Method:
 		return headerMismatch("Header mismatch: %s header value '%s' does not match body value '%s'", headerMethod, quoted(method), quoted(c.Method))
@@ -190,7 +190,7 @@ func validateModern(h http.Header, c *Classification, params []byte) *requestErr
 		return headerMismatch("Header mismatch: MCP-Protocol-Version header value '%s' does not match body value '%s'", quoted(c.ProtocolVersion), quoted(v))
 	}
 	member := nameMember(c.Method)
-	if member == "" || c.Kind != KindRequest {
+	if member == "" || c.Kind != kindRequest {
 		return nil
 	}
 	raw, present, rerr := singleHeader(h, headerName)
@@ -358,8 +358,8 @@ var methodLabels = func() map[string]string {
 	return m
 }()
 
-// MethodLabel is the metric label value of a JSON-RPC method.
-func MethodLabel(method string) string {
+// methodLabel is the metric label value of a JSON-RPC method.
+func methodLabel(method string) string {
 	if method == "" {
 		return ""
 	}

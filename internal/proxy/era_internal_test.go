@@ -11,32 +11,32 @@ import (
 func TestRequestEra(t *testing.T) {
 	for _, tc := range []struct {
 		version, sid string
-		kind         Kind
-		want         Era
+		kind         kind
+		want         protocolEra
 	}{
-		{"2026-07-28", "", KindRequest, EraModern},
-		{"2027-01-01", "", KindRequest, EraModern}, // later versions keep the headers
-		{"2026-07-28", "", KindNotification, EraModern},
-		{"2026-07-28", "", KindStream, EraModern},
-		{"2025-11-25", "", KindRequest, EraLegacy},
-		{"", "", KindRequest, EraLegacy},
-		{"2026-07-28", "s-1", KindRequest, EraLegacy},    // a session is legacy
-		{"2026-07-28", "", KindInitialize, EraLegacy},    // so is initialize
-		{"9", "", KindRequest, EraLegacy},                // "9" > "2026-..." as strings, but no date
-		{"2026-07-28 ", "", KindRequest, EraLegacy},      // not a date's shape
-		{"2026-07-2x", "", KindRequest, EraLegacy},       // nor this
-		{"2026-7-28", "", KindRequest, EraLegacy},        // nor this
-		{"2026-07-27", "", KindRequest, EraLegacy},       // the day before
-		{"2026_07_28", "", KindRequest, EraLegacy},       // separators matter
-		{"20260-7-28", "", KindRequest, EraLegacy},       // positions too
-		{"2099-99-99", "", KindRequest, EraModern},       // shape only: the backend refuses unknown versions
-		{"2026-07-28", "", KindResponse, EraModern},      // modern, though never validated (no routing headers on responses)
-		{"2025-06-18", "s-1", KindDelete, EraLegacy},     // legacy session end
-		{"2026-07-28", "", KindOther, EraModern},         // an OPTIONS preflight of a modern client
-		{"2024-11-05", "", KindNotification, EraLegacy},  // an old client's notification
-		{"2026-07-28", "x", KindNotification, EraLegacy}, // a session's notification
+		{"2026-07-28", "", kindRequest, eraModern},
+		{"2027-01-01", "", kindRequest, eraModern}, // later versions keep the headers
+		{"2026-07-28", "", kindNotification, eraModern},
+		{"2026-07-28", "", kindStream, eraModern},
+		{"2025-11-25", "", kindRequest, eraLegacy},
+		{"", "", kindRequest, eraLegacy},
+		{"2026-07-28", "s-1", kindRequest, eraLegacy},    // a session is legacy
+		{"2026-07-28", "", kindInitialize, eraLegacy},    // so is initialize
+		{"9", "", kindRequest, eraLegacy},                // "9" > "2026-..." as strings, but no date
+		{"2026-07-28 ", "", kindRequest, eraLegacy},      // not a date's shape
+		{"2026-07-2x", "", kindRequest, eraLegacy},       // nor this
+		{"2026-7-28", "", kindRequest, eraLegacy},        // nor this
+		{"2026-07-27", "", kindRequest, eraLegacy},       // the day before
+		{"2026_07_28", "", kindRequest, eraLegacy},       // separators matter
+		{"20260-7-28", "", kindRequest, eraLegacy},       // positions too
+		{"2099-99-99", "", kindRequest, eraModern},       // shape only: the backend refuses unknown versions
+		{"2026-07-28", "", kindResponse, eraModern},      // modern, though never validated (no routing headers on responses)
+		{"2025-06-18", "s-1", kindDelete, eraLegacy},     // legacy session end
+		{"2026-07-28", "", kindOther, eraModern},         // an OPTIONS preflight of a modern client
+		{"2024-11-05", "", kindNotification, eraLegacy},  // an old client's notification
+		{"2026-07-28", "x", kindNotification, eraLegacy}, // a session's notification
 	} {
-		c := Classification{Kind: tc.kind, ProtocolVersion: tc.version, SessionID: tc.sid}
+		c := classification{Kind: tc.kind, ProtocolVersion: tc.version, SessionID: tc.sid}
 		if got := requestEra(&c); got != tc.want {
 			t.Errorf("version %q session %q kind %v: era %v, want %v", tc.version, tc.sid, tc.kind, got, tc.want)
 		}
@@ -73,8 +73,8 @@ func TestMethodLabelIsBounded(t *testing.T) {
 		"tools/call": "tools/call", "server/discover": "server/discover", "tasks/get": "tasks/get",
 		"initialize": "initialize", "": "", "tools/CALL": "other", "x/" + strings.Repeat("y", 100): "other",
 	} {
-		if got := MethodLabel(method); got != want {
-			t.Errorf("MethodLabel(%q) = %q, want %q", method, got, want)
+		if got := methodLabel(method); got != want {
+			t.Errorf("methodLabel(%q) = %q, want %q", method, got, want)
 		}
 	}
 }
@@ -115,7 +115,7 @@ func FuzzClassifyModern(f *testing.F) {
 			if rerr.status != http.StatusBadRequest && rerr.status != http.StatusRequestEntityTooLarge {
 				t.Fatalf("status %d", rerr.status)
 			}
-			if rerr.code == codeHeaderMismatch && c.Era != EraModern {
+			if rerr.code == codeHeaderMismatch && c.Era != eraModern {
 				t.Fatalf("a %v request refused for its headers: %s", c.Era, rerr.message)
 			}
 			return
@@ -123,13 +123,13 @@ func FuzzClassifyModern(f *testing.F) {
 		if c.Era != requestEra(&c) {
 			t.Fatalf("era %v, the rule says %v", c.Era, requestEra(&c))
 		}
-		if c.Era != EraModern {
+		if c.Era != eraModern {
 			return
 		}
 		if c.Batch {
 			t.Fatalf("modern batch accepted: %q", body)
 		}
-		if c.Kind != KindRequest {
+		if c.Kind != kindRequest {
 			return
 		}
 		if method != c.Method {

@@ -51,11 +51,11 @@ func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange)
 	// A GET stream is an idle channel for server messages, not work in
 	// flight: counting it would add a constant per session to the load.
 	switch {
-	case x.class.Op == OpListen:
+	case x.class.Op == opListen:
 		// A subscriptions/listen stream: counted as a stream (listen.go).
 		x.ep.BeginListen()
 		defer x.ep.EndListen()
-	case x.class.Kind != KindStream:
+	case x.class.Kind != kindStream:
 		x.ep.Begin()
 		defer x.ep.End()
 	}
@@ -150,7 +150,7 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 	}
 
 	switch x.route {
-	case RouteNew, RouteStateless:
+	case routeNew, routeStateless:
 		h.Del(headerSessionID)
 	default:
 		setHeader(h, headerSessionID, x.backendSID)
@@ -354,7 +354,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 		// changes, and a record keyed by the wrong one strands the session.
 		return outcome{err: errDuplicateSID}
 	}
-	if x.rec != nil && resp.StatusCode == http.StatusNotFound && x.class.Kind != KindDelete {
+	if x.rec != nil && resp.StatusCode == http.StatusNotFound && x.class.Kind != kindDelete {
 		lost, err := p.sessionLost(resp)
 		if err != nil {
 			return outcome{err: err}
@@ -370,7 +370,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 	}
 
 	switch {
-	case x.route == RouteNew:
+	case x.route == routeNew:
 		sid := resp.Header.Get(headerSessionID)
 		if resp.StatusCode/100 != 2 || sid == "" {
 			break // a refused initialize, or a stateless server
@@ -414,7 +414,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 			// whose id changes under them.
 			resp.Header.Set(headerSessionID, x.rec.ClientSID)
 		}
-		if x.class.Kind == KindDelete && (resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound) {
+		if x.class.Kind == kindDelete && (resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound) {
 			p.endSession(ctx, x.rec)
 		}
 		if x.rec.Reinits > 0 && isEventStream(resp) {
@@ -499,7 +499,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		mode = flushReads
 	}
 	pool := &copyBuffers
-	if x.class.Kind == KindStream || x.class.Op == OpListen {
+	if x.class.Kind == kindStream || x.class.Op == opListen {
 		// GET streams are long-lived and mostly idle: they copy through
 		// small buffers (streamCopyBufferSize) so that thousands of them
 		// stay cheap.
@@ -512,7 +512,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	buf := pool.Get().(*[]byte)
 	var err error
-	if x.class.Op == OpListen && mode == flushEvents {
+	if x.class.Op == opListen && mode == flushEvents {
 		err = copyListen(w, resp.Body, *buf, x.ep.Departed())
 	} else {
 		err = copyBody(w, resp.Body, *buf, mode)

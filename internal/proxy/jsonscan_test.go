@@ -8,7 +8,7 @@ import (
 
 // parseMessagesReference is the classifier as encoding/json sees it: the
 // scanner must agree with it on every input.
-func parseMessagesReference(body []byte, c *Classification) *requestError {
+func parseMessagesReference(body []byte, c *classification) *requestError {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return errEmptyBody
@@ -23,7 +23,7 @@ func parseMessagesReference(body []byte, c *Classification) *requestError {
 			return rerr
 		}
 		c.Kind, c.Method, c.Params = kind, m.Method, m.Params
-		if kind == KindRequest || kind == KindInitialize {
+		if kind == kindRequest || kind == kindInitialize {
 			c.ID = m.ID
 		}
 		return nil
@@ -70,7 +70,7 @@ var scanSeeds = []string{
 
 func classifyBoth(t *testing.T, body []byte) {
 	t.Helper()
-	var got, want Classification
+	var got, want classification
 	gotErr := parseMessages(body, &got)
 	if !json.Valid(body) {
 		if gotErr == nil && len(bytes.TrimSpace(body)) > 0 {
@@ -115,7 +115,7 @@ func TestParseMessagesAllocations(t *testing.T) {
 	}
 	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
 	allocs := testing.AllocsPerRun(100, func() {
-		var c Classification
+		var c classification
 		if err := parseMessages(body, &c); err != nil {
 			t.Fatal(err)
 		}

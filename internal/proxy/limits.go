@@ -127,7 +127,7 @@ func (p *Proxy) LimitStats() telemetry.LimitStat {
 // read starts when the body has been read to its end (or at once, for a
 // request without one); so the deadline is set only on requests with a
 // body, before it is read, and cleared as soon as it has been.
-func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (Classification, *requestError) {
+func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (classification, *requestError) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return classify(r, p.maxBody, &p.bodies)
 	}
@@ -144,7 +144,7 @@ func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (Classif
 }
 
 // refuse answers a request refused before routing.
-func (p *Proxy) refuse(w http.ResponseWriter, c *Classification, rerr *requestError) {
+func (p *Proxy) refuse(w http.ResponseWriter, c *classification, rerr *requestError) {
 	h := w.Header()
 	switch rerr {
 	case errBodyTooLarge, errBodyBudget, errBodyTimeout:

@@ -78,7 +78,7 @@ func (p *Proxy) finish(r *http.Request, x *exchange) {
 		backend = x.ep.String()
 	}
 	now := time.Now()
-	p.metrics.Request(route, x.class.Era.String(), MethodLabel(x.class.Method), backend, status, now.Sub(x.start))
+	p.metrics.Request(route, x.class.Era.String(), methodLabel(x.class.Method), backend, status, now.Sub(x.start))
 	if x.routed {
 		p.recordDecision(x, status, now)
 	}
@@ -98,7 +98,7 @@ func (p *Proxy) finish(r *http.Request, x *exchange) {
 // mcp.name for the named methods of tools, prompts and resources; a task's
 // id hashed as mcp.task.id, like session ids (session.HashID), since
 // whoever knows it can act on the task.
-func mcpAttributes(c *Classification) []attribute.KeyValue {
+func mcpAttributes(c *classification) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 4)
 	attrs = append(attrs, attribute.String("mcp.era", c.Era.String()))
 	if c.Method != "" {
@@ -119,7 +119,7 @@ func mcpAttributes(c *Classification) []attribute.KeyValue {
 	if name == "" {
 		return attrs
 	}
-	if c.Op == OpTask {
+	if c.Op == opTask {
 		return append(attrs, attribute.String("mcp.task.id", session.HashID(name)))
 	}
 	return append(attrs, attribute.String("mcp.name", name))
@@ -164,13 +164,13 @@ type Decision struct {
 	Route      string      `json:"route"`
 	Backend    string      `json:"backend"`
 	Reason     string      `json:"reason,omitempty"`
-	Candidates []Candidate `json:"candidates,omitempty"`
+	Candidates []candidate `json:"candidates,omitempty"`
 	Status     int         `json:"status"`
 	At         time.Time   `json:"at"`
 }
 
-// Candidate is a backend a picker weighed, and the load it saw.
-type Candidate struct {
+// candidate is a backend a picker weighed, and the load it saw.
+type candidate struct {
 	Backend string `json:"backend"`
 	Load    int64  `json:"load"`
 }
@@ -237,7 +237,7 @@ func (p *Proxy) History(sid string) (SessionHistory, bool) {
 		Placed:     e.placed.Load(),
 		LastReinit: e.lastReinit.Load(),
 		Requests:   e.requests.Load(),
-		LastRoute:  Route(e.lastRoute.Load()).String(),
+		LastRoute:  routeKind(e.lastRoute.Load()).String(),
 		LastStatus: int(e.lastStatus.Load()),
 		LastAt:     time.Unix(0, e.lastAt.Load()),
 	}, true
@@ -245,22 +245,22 @@ func (p *Proxy) History(sid string) (SessionHistory, bool) {
 
 func (p *Proxy) recordDecision(x *exchange, status int, now time.Time) {
 	sid := x.class.SessionID
-	if x.route == RouteNew {
+	if x.route == routeNew {
 		sid = x.newSID
 	}
 	if sid == "" {
 		return // stateless, or an initialize that created no session
 	}
 	e := p.decisions.entry(sid, true)
-	if x.route == RouteNew || x.route == RouteReinit {
+	if x.route == routeNew || x.route == routeReinit {
 		d := &Decision{Route: x.route.String(), Reason: x.reinit, Status: status, At: now}
 		if x.ep != nil {
 			d.Backend = x.ep.String()
 		}
 		for _, c := range x.weighed {
-			d.Candidates = append(d.Candidates, Candidate{Backend: c.Endpoint.String(), Load: c.Load})
+			d.Candidates = append(d.Candidates, candidate{Backend: c.Endpoint.String(), Load: c.Load})
 		}
-		if x.route == RouteNew {
+		if x.route == routeNew {
 			e.placed.Store(d)
 		} else {
 			e.lastReinit.Store(d)

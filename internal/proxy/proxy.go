@@ -186,8 +186,8 @@ func New(cfg Config) *Proxy {
 // The route step and the forward loop write it; an attempt reads it and
 // writes only the record step's result (newSID) and its own bookkeeping.
 type exchange struct {
-	class      Classification
-	route      Route
+	class      classification
+	route      routeKind
 	rec        *session.Record      // the session record (sticky, reinit, delete)
 	ep         *balancer.Endpoint   // the backend of the current attempt
 	backendSID string               // the session id the backend knows
@@ -248,7 +248,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, &class, rerr)
 		return
 	}
-	if class.Kind == KindStream || class.Op == OpListen {
+	if class.Kind == kindStream || class.Op == opListen {
 		// A subscriptions/listen stream is the 2026-07-28 GET stream: the
 		// same bound.
 		if !p.streams.acquire() {
@@ -273,25 +273,25 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		defer func() { p.endRouteSpan(span, x) }()
 	}
 	switch {
-	case x.class.Kind == KindInitialize:
+	case x.class.Kind == kindInitialize:
 		// A new session, even if the client sent a session id with it (the
 		// header is not forwarded: outgoingRequest).
-		x.route = RouteNew
+		x.route = routeNew
 		if int64(len(x.class.Body)) > p.maxInit {
 			// The body is kept for the session's life and replayed: refused
 			// before it is stored or forwarded.
 			writeRequestError(w, x.class.ID, errInitTooLarge)
 			return false
 		}
-	case x.class.Op == OpTask && x.class.Era == EraModern && x.class.Kind == KindRequest && p.tasks != nil:
+	case x.class.Op == opTask && x.class.Era == eraModern && x.class.Kind == kindRequest && p.tasks != nil:
 		// A task lives on one backend: see taskroute.go.
-		x.route = RouteStateless
+		x.route = routeStateless
 		if !p.routeTask(ctx, w, r, x, span) {
 			return false
 		}
 	case x.class.SessionID == "":
-		x.route = RouteStateless
-		if p.affinityHeader != "" && x.class.Era == EraModern {
+		x.route = routeStateless
+		if p.affinityHeader != "" && x.class.Era == eraModern {
 			x.affinityKey = r.Header.Get(p.affinityHeader)
 		}
 	default:
@@ -318,10 +318,10 @@ func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
 		if span != nil {
 			span.SetAttributes(attribute.Bool("tether.affinity", true))
 		}
-	} else if x.class.Op == OpListen && x.route == RouteStateless {
+	} else if x.class.Op == opListen && x.route == routeStateless {
 		// A subscriptions/listen stream: placed counting streams (listen.go).
 		ep, err = p.bal.PickListen(x.excluded)
-	} else if span != nil || x.route == RouteNew {
+	} else if span != nil || x.route == routeNew {
 		// Placements are rare and worth explaining later; other picks are
 		// explained only when traced.
 		ep, x.weighed, err = p.bal.PickExplained(x.excluded, x.weighed[:0])
@@ -368,7 +368,7 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 		return false
 	}
 	x.rec = rec
-	x.route = RouteSticky
+	x.route = routeSticky
 	x.backendSID = rec.BackendSID
 
 	ep, ok := p.bal.Lookup(rec.BackendID)
@@ -383,7 +383,7 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 			alive = ok && !ep.Ejected()
 		}
 	}
-	if x.class.Kind == KindDelete {
+	if x.class.Kind == kindDelete {
 		if !alive {
 			// Nothing is left to end on the backend; the session ends here.
 			p.endDeadSession(ctx, w, r, rec)
@@ -455,7 +455,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		if x.rec == nil {
 			continue // new or stateless: pick another backend
 		}
-		if x.class.Kind == KindDelete {
+		if x.class.Kind == kindDelete {
 			// The backend that held the session is gone: the session ends.
 			p.endDeadSession(r.Context(), w, r, x.rec)
 			return

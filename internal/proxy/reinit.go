@@ -115,7 +115,7 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 		return fmt.Errorf("re-initialized session's backend %s left the endpoint set", rec.BackendURL)
 	}
 	x.rec, x.ep, x.backendSID = rec, ep, rec.BackendSID
-	x.route, x.reinit = RouteReinit, reason
+	x.route, x.reinit = routeReinit, reason
 	return nil
 }
 

@@ -1,26 +1,26 @@
 package proxy
 
-// Route is the routing decision for one request: a value that is logged,
+// routeKind is the routing decision for one request: a value that is logged,
 // traced and counted, so that every placement can be explained.
-type Route uint8
+type routeKind uint8
 
 const (
-	// RouteNew: an initialize without a session; the balancer picks among
+	// routeNew: an initialize without a session; the balancer picks among
 	// endpoints that accept new sessions and the response creates a record.
-	RouteNew Route = iota
-	// RouteSticky: a request of a known session, sent to the session's backend.
-	RouteSticky
-	// RouteReinit: a known session whose backend is gone or has forgotten it;
+	routeNew routeKind = iota
+	// routeSticky: a request of a known session, sent to the session's backend.
+	routeSticky
+	// routeReinit: a known session whose backend is gone or has forgotten it;
 	// the session was re-initialized on another backend first.
-	RouteReinit
-	// RouteStateless: no session and not initialize (health checks,
+	routeReinit
+	// routeStateless: no session and not initialize (health checks,
 	// stateless servers, MCP 2026-07-28 requests); picked per request.
-	RouteStateless
+	routeStateless
 )
 
 var routeNames = [...]string{"new", "sticky", "reinit", "stateless"}
 
-func (r Route) String() string { return routeNames[r] }
+func (r routeKind) String() string { return routeNames[r] }
 
 // Reasons for a re-initialization.
 const (

@@ -90,7 +90,7 @@ func declaresTasks(params []byte) bool {
 // answer to a request that may create a task so that the task's record is
 // stored before its id reaches the client.
 func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out *http.Request, resp *http.Response) {
-	if p.tasks == nil || x.class.Era != EraModern || x.class.Kind != KindRequest ||
+	if p.tasks == nil || x.class.Era != eraModern || x.class.Kind != kindRequest ||
 		!taskAugmentable(x.class.Method) || resp.StatusCode != http.StatusOK || !declaresTasks(x.class.Params) {
 		return
 	}

@@ -34,8 +34,8 @@ type EndpointView struct {
 	ListenStreams int64 `json:"listen_streams"`
 }
 
-// StoreView is the session store's state.
-type StoreView struct {
+// storeView is the session store's state.
+type storeView struct {
 	Kind     string `json:"kind"` // memory or redis
 	Degraded bool   `json:"degraded"`
 	// Pending records were created while Redis was unreachable and wait to
@@ -53,13 +53,13 @@ type StoreView struct {
 type EndpointsView struct {
 	Balancer  string         `json:"balancer"`
 	Ready     bool           `json:"ready"`
-	Store     StoreView      `json:"store"`
+	Store     storeView      `json:"store"`
 	Endpoints []EndpointView `json:"endpoints"`
 }
 
-// RecordView is a session record without its secrets: the initialize body
+// recordView is a session record without its secrets: the initialize body
 // is shown by size only, the backend's session id by digest only.
-type RecordView struct {
+type recordView struct {
 	ID                   string    `json:"id"`
 	IDHash               string    `json:"id_hash"` // as in traces and logs (mcp.session.id)
 	BackendID            string    `json:"backend_id"`
@@ -75,7 +75,7 @@ type RecordView struct {
 
 // SessionView is GET /debug/sessions/{id}.
 type SessionView struct {
-	Session RecordView   `json:"session"`
+	Session recordView   `json:"session"`
 	Backend EndpointView `json:"backend"`
 	// History is what this replica decided for the session; nil when it has
 	// routed none of its requests (another replica placed it, or this one
@@ -140,7 +140,7 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := SessionView{
-		Session: RecordView{
+		Session: recordView{
 			ID:                   rec.ClientSID,
 			IDHash:               session.HashID(rec.ClientSID),
 			BackendID:            rec.BackendID,
@@ -168,10 +168,10 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 	writeAdminJSON(w, http.StatusOK, v)
 }
 
-// TaskRecordView is a task record (SEP-2663 tasks, recorded by the proxy
+// taskRecordView is a task record (SEP-2663 tasks, recorded by the proxy
 // when a backend created the task). The principal digest is not shown:
 // only whether the task is bound to its creator's credentials.
-type TaskRecordView struct {
+type taskRecordView struct {
 	ID         string `json:"id"`
 	IDHash     string `json:"id_hash"` // as in traces (mcp.task.id) and logs (task)
 	BackendID  string `json:"backend_id"`
@@ -186,7 +186,7 @@ type TaskRecordView struct {
 
 // TaskView is GET /debug/tasks/{id}.
 type TaskView struct {
-	Task    TaskRecordView `json:"task"`
+	Task    taskRecordView `json:"task"`
 	Backend EndpointView   `json:"backend"`
 	Now     time.Time      `json:"now"`
 }
@@ -211,7 +211,7 @@ func (s *Server) debugTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := TaskView{
-		Task: TaskRecordView{
+		Task: taskRecordView{
 			ID:             rec.TaskID,
 			IDHash:         session.HashID(rec.TaskID),
 			BackendID:      rec.BackendID,
@@ -257,7 +257,7 @@ func (s *Server) debugEndpoints(w http.ResponseWriter, r *http.Request) {
 	v := EndpointsView{
 		Balancer:  s.cfg.Balancer,
 		Ready:     s.ready.Load(),
-		Store:     StoreView{Kind: s.storeName()},
+		Store:     storeView{Kind: s.storeName()},
 		Endpoints: make([]EndpointView, len(stats)),
 	}
 	for i, e := range stats {

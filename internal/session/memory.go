@@ -81,7 +81,7 @@ type MemoryOptions struct {
 	// EvictMaxInitBytes), e.g. to count evictions in a metric. OnChange
 	// hears of the record's expiry too.
 	OnEvict func(reason string)
-	// MaxTasks bounds the task records held; default DefaultMaxTasks.
+	// MaxTasks bounds the task records held; default defaultMaxTasks.
 	MaxTasks int
 	// OnTaskEvict, if set, is called (outside any lock) for each task
 	// record evicted at MaxTasks.
@@ -150,7 +150,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		func(e *memEntry) []byte { return e.rec.Load().Init })
 	maxTasks := int64(opts.MaxTasks)
 	if maxTasks <= 0 {
-		maxTasks = DefaultMaxTasks
+		maxTasks = defaultMaxTasks
 	}
 	m.tasks = newTaskTable(maxTasks)
 	go m.sweepLoop()

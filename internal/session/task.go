@@ -34,14 +34,14 @@ const (
 	MaxTaskTTL = 24 * time.Hour
 	// TaskTTLUnlimited is TaskRecord.TTL for a task whose ttlMs is null.
 	TaskTTLUnlimited time.Duration = -1
-	// DefaultMaxTasks bounds the task records one process holds (memory
+	// defaultMaxTasks bounds the task records one process holds (memory
 	// store). A record costs about 250 bytes besides its id, so the bound
 	// is about 25 MiB.
-	DefaultMaxTasks = 100_000
+	defaultMaxTasks = 100_000
 )
 
-// EvictMaxTasks is the reason of a task record evicted at MaxTasks.
-const EvictMaxTasks = "max_tasks"
+// evictMaxTasks is the reason of a task record evicted at MaxTasks.
+const evictMaxTasks = "max_tasks"
 
 var errEmptyTaskID = errors.New("session: empty task id")
 
@@ -71,9 +71,9 @@ type TaskRecord struct {
 // Expires is when the record stops routing.
 func (t TaskRecord) Expires() time.Time { return t.Created.Add(t.TTL) }
 
-// EffectiveTaskTTL is the lifetime a store gives a task whose creation
+// effectiveTaskTTL is the lifetime a store gives a task whose creation
 // result said ttl (see TaskRecord.TTL).
-func EffectiveTaskTTL(ttl time.Duration) time.Duration {
+func effectiveTaskTTL(ttl time.Duration) time.Duration {
 	switch {
 	case ttl == 0:
 		return DefaultTaskTTL
@@ -86,7 +86,7 @@ func EffectiveTaskTTL(ttl time.Duration) time.Duration {
 // TaskStore keeps task records. *Memory, *Redis and *Cache implement it,
 // each safe for concurrent use.
 type TaskStore interface {
-	// PutTask stores t with its effective TTL (EffectiveTaskTTL) from
+	// PutTask stores t with its effective TTL (effectiveTaskTTL) from
 	// t.Created (the store's clock when zero). If a live record holds the
 	// id for another backend or another principal, nothing is stored and
 	// ErrExists is returned: a task never changes hands because two
@@ -130,7 +130,7 @@ func (m *Memory) PutTask(_ context.Context, t TaskRecord) error {
 	if t.Created.IsZero() {
 		t.Created = now
 	}
-	t.TTL = EffectiveTaskTTL(t.TTL)
+	t.TTL = effectiveTaskTTL(t.TTL)
 	// The id and principal may be slices of a large response body: copied
 	// so that they do not pin it.
 	t.TaskID, t.Principal = strings.Clone(t.TaskID), strings.Clone(t.Principal)

@@ -47,7 +47,7 @@ func (r *Redis) PutTask(ctx context.Context, t TaskRecord) (err error) {
 		t.Created = now
 	}
 	created := t.Created.Truncate(time.Millisecond)
-	exp := created.Add(EffectiveTaskTTL(t.TTL))
+	exp := created.Add(effectiveTaskTTL(t.TTL))
 	left := max(exp.Sub(now), time.Millisecond)
 	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()

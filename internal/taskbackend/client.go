@@ -117,7 +117,7 @@ func (c *Client) Call(ctx context.Context, method, name string, params map[strin
 	if !c.NoExtension {
 		caps["extensions"] = map[string]any{Extension: map[string]any{}}
 	}
-	params["_meta"] = map[string]any{metaProtocolVersion: ProtocolVersion, metaClientCapabilities: caps}
+	params["_meta"] = map[string]any{metaProtocolVersion: protocolVersion, metaClientCapabilities: caps}
 	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": c.ids.Add(1), "method": method, "params": params})
 	if err != nil {
 		return err
@@ -131,7 +131,7 @@ func (c *Client) Call(ctx context.Context, method, name string, params map[strin
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("MCP-Protocol-Version", ProtocolVersion)
+	req.Header.Set("MCP-Protocol-Version", protocolVersion)
 	req.Header.Set("Mcp-Method", method)
 	if name != "" {
 		req.Header.Set("Mcp-Name", EncodeHeaderValue(name))

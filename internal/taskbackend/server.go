@@ -54,7 +54,7 @@ import (
 
 // Protocol constants of the 2026-07-28 revision and SEP-2663.
 const (
-	ProtocolVersion = "2026-07-28"
+	protocolVersion = "2026-07-28"
 	Extension       = "io.modelcontextprotocol/tasks"
 
 	metaProtocolVersion    = "io.modelcontextprotocol/protocolVersion"
@@ -62,7 +62,7 @@ const (
 
 	CodeInvalidParams       = -32602
 	CodeMethodNotFound      = -32601
-	CodeInternal            = -32603
+	codeInternal            = -32603
 	CodeHeaderMismatch      = -32020
 	CodeMissingCapability   = -32021
 	CodeUnsupportedProtocol = -32022
@@ -202,7 +202,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	msg, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
 	if err != nil {
-		writeError(w, req.ID, &rpcError{status: http.StatusInternalServerError, code: CodeInternal, message: err.Error()})
+		writeError(w, req.ID, &rpcError{status: http.StatusInternalServerError, code: codeInternal, message: err.Error()})
 		return
 	}
 	if s.opts.SSE && req.Method == "tools/call" {
@@ -226,9 +226,9 @@ func checkHeaders(r *http.Request, req *request) *rpcError {
 		return mismatch("MCP-Protocol-Version header missing")
 	case pv != req.Params.Meta.ProtocolVersion:
 		return mismatch("MCP-Protocol-Version header value %q does not match body value %q", pv, req.Params.Meta.ProtocolVersion)
-	case pv != ProtocolVersion:
+	case pv != protocolVersion:
 		return &rpcError{status: http.StatusBadRequest, code: CodeUnsupportedProtocol, message: "Unsupported protocol version",
-			data: map[string]any{"supported": []string{ProtocolVersion}, "requested": pv}}
+			data: map[string]any{"supported": []string{protocolVersion}, "requested": pv}}
 	}
 	if m := r.Header.Get("Mcp-Method"); m != req.Method {
 		return mismatch("Mcp-Method header value %q does not match body value %q", m, req.Method)
@@ -305,7 +305,7 @@ func (s *Server) dispatch(req *request) (any, *rpcError) {
 	case "server/discover":
 		return map[string]any{
 			"resultType":        "complete",
-			"supportedVersions": []string{ProtocolVersion},
+			"supportedVersions": []string{protocolVersion},
 			"capabilities":      map[string]any{"tools": map[string]any{}, "extensions": map[string]any{Extension: map[string]any{}}},
 			"_meta":             map[string]any{"io.modelcontextprotocol/serverInfo": map[string]any{"name": s.name, "version": "1.0.0"}},
 		}, nil
@@ -366,7 +366,7 @@ func (s *Server) create(req *request) (any, *rpcError) {
 	if len(s.tasks) >= s.opts.MaxTasks {
 		s.dropExpiredLocked(now)
 		if len(s.tasks) >= s.opts.MaxTasks {
-			return nil, &rpcError{code: CodeInternal, message: "too many tasks"}
+			return nil, &rpcError{code: codeInternal, message: "too many tasks"}
 		}
 	}
 	s.tasks[t.id] = t

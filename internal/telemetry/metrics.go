@@ -158,7 +158,7 @@ func codeLabel(status int) string {
 }
 
 // Request counts one finished client request. era and method must come
-// from bounded sets (the routing layer's Era names and MethodLabel).
+// from bounded sets (the routing layer's era names and methodLabel).
 func (m *Metrics) Request(route, era, method, backend string, status int, d time.Duration) {
 	if m == nil {
 		return

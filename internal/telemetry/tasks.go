@@ -4,13 +4,13 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Task routing (SEP-2663 tasks, internal/proxy/taskroute.go).
 
-// TaskRouteResults are the values of tether_task_routes_total{result}: a
+// taskRouteResults are the values of tether_task_routes_total{result}: a
 // bounded set, each initialised at zero so that a dashboard sees the series
 // before the first event.
-var TaskRouteResults = []string{"routed", "unknown", "backend_gone", "principal_mismatch", "unavailable"}
+var taskRouteResults = []string{"routed", "unknown", "backend_gone", "principal_mismatch", "unavailable"}
 
-// TaskRecordResults are the values of tether_task_records_total{result}.
-var TaskRecordResults = []string{"stored", "conflict", "failed"}
+// taskRecordResults are the values of tether_task_records_total{result}.
+var taskRecordResults = []string{"stored", "conflict", "failed"}
 
 type taskMetrics struct {
 	routes  *prometheus.CounterVec
@@ -28,10 +28,10 @@ func newTaskMetrics(reg *prometheus.Registry) taskMetrics {
 			Help: "Task creations seen in backend answers by result: stored (routable from every replica), conflict (a live record of another backend or principal holds the id), failed (the store did not answer in time; the task cannot be routed).",
 		}, []string{"result"}),
 	}
-	for _, r := range TaskRouteResults {
+	for _, r := range taskRouteResults {
 		t.routes.WithLabelValues(r)
 	}
-	for _, r := range TaskRecordResults {
+	for _, r := range taskRecordResults {
 		t.records.WithLabelValues(r)
 	}
 	reg.MustRegister(t.routes, t.records)
@@ -39,7 +39,7 @@ func newTaskMetrics(reg *prometheus.Registry) taskMetrics {
 }
 
 // TaskRoute counts one routing of a task request (result from
-// TaskRouteResults).
+// taskRouteResults).
 func (m *Metrics) TaskRoute(result string) {
 	if m == nil {
 		return
@@ -47,7 +47,7 @@ func (m *Metrics) TaskRoute(result string) {
 	m.tasks.routes.WithLabelValues(result).Inc()
 }
 
-// TaskRecord counts one task creation seen (result from TaskRecordResults).
+// TaskRecord counts one task creation seen (result from taskRecordResults).
 func (m *Metrics) TaskRecord(result string) {
 	if m == nil {
 		return
