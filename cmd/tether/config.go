@@ -77,6 +77,9 @@ type config struct {
 	// "" is off. AffinityEpsilon is that picker's ε.
 	AffinityHeader  string
 	AffinityEpsilon float64
+	// AffinityArgument is the tools/call argument (params.arguments.NAME)
+	// the affinity header carries; tether checks the header against it.
+	AffinityArgument string
 	// ListenStreamWeight is what one subscriptions/listen stream adds to
 	// its backend's load (balancer.Options.ListenStreamWeight).
 	ListenStreamWeight float64
@@ -162,6 +165,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
 	fs.StringVar(&cfg.AffinityHeader, "affinity-header", "", "header (e.g. Mcp-Param-Workspace) whose value keys session-less MCP 2026-07-28 requests to one backend by consistent hashing with bounded loads (default: none)")
 	fs.Float64Var(&cfg.ListenStreamWeight, "listen-stream-weight", cfg.ListenStreamWeight, "what one open subscriptions/listen stream adds to its backend's load, next to 1 per request in flight (0: streams are placed by load but weigh nothing)")
+	fs.StringVar(&cfg.AffinityArgument, "affinity-argument", "", "the tools/call argument --affinity-header carries (e.g. workspace): tether checks the header against params.arguments.NAME and refuses a mismatch (required with --affinity-header)")
 	fs.Float64Var(&cfg.AffinityEpsilon, "affinity-epsilon", cfg.AffinityEpsilon, "ε of --affinity-header: no backend takes a keyed request while above (1+ε) × the mean in-flight load")
 
 	// Environment first, so that the command line overrides it.
@@ -245,6 +249,10 @@ func (c config) validate() error {
 		return fmt.Errorf("--affinity-header: %q is not a header name", c.AffinityHeader)
 	case hopByHop[textproto.CanonicalMIMEHeaderKey(c.AffinityHeader)]:
 		return fmt.Errorf("--affinity-header: %s is a hop-by-hop header", c.AffinityHeader)
+	case c.AffinityHeader != "" && c.AffinityArgument == "":
+		return fmt.Errorf("--affinity-header %s needs --affinity-argument: the tools/call argument it carries, which tether checks it against", c.AffinityHeader)
+	case c.AffinityHeader == "" && c.AffinityArgument != "":
+		return errors.New("--affinity-argument is only meaningful with --affinity-header")
 	}
 	if !(c.ListenStreamWeight >= 0 && c.ListenStreamWeight <= 1000) { // NaN too
 		return fmt.Errorf("--listen-stream-weight: must be in [0, 1000], got %v", c.ListenStreamWeight)

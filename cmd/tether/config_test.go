@@ -66,10 +66,14 @@ func TestParseServeFlags(t *testing.T) {
 		{"no principal headers", []string{"--backends", "http://127.0.0.1:9001", "--principal-headers", ""}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)),
 			with(func(c *config) { c.PrincipalHeaders, c.PrincipalKey = []string{}, strings.Repeat("k", 32) }), ""},
 
-		{"affinity", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp-Param-Workspace", "--affinity-epsilon", "0.5"}, env(),
-			with(func(c *config) { c.AffinityHeader, c.AffinityEpsilon = "Mcp-Param-Workspace", 0.5 }), ""},
-		{"affinity in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_AFFINITY_HEADER", "Mcp-Param-Workspace"),
-			with(func(c *config) { c.AffinityHeader = "Mcp-Param-Workspace" }), ""},
+		{"affinity", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp-Param-Workspace", "--affinity-argument", "workspace", "--affinity-epsilon", "0.5"}, env(),
+			with(func(c *config) {
+				c.AffinityHeader, c.AffinityArgument, c.AffinityEpsilon = "Mcp-Param-Workspace", "workspace", 0.5
+			}), ""},
+		{"affinity in env", nil, env("TETHER_BACKENDS", "http://127.0.0.1:9001", "TETHER_AFFINITY_HEADER", "Mcp-Param-Workspace", "TETHER_AFFINITY_ARGUMENT", "workspace"),
+			with(func(c *config) { c.AffinityHeader, c.AffinityArgument = "Mcp-Param-Workspace", "workspace" }), ""},
+		{"affinity header without its argument", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp-Param-Workspace"}, env(), config{}, "needs --affinity-argument"},
+		{"affinity argument without a header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-argument", "workspace"}, env(), config{}, "--affinity-argument is only meaningful with --affinity-header"},
 		{"bad affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "Mcp Param"}, env(), config{}, "--affinity-header"},
 		{"hop-by-hop affinity header", []string{"--backends", "http://127.0.0.1:9001", "--affinity-header", "te"}, env(), config{}, "hop-by-hop"},
 		{"listen stream weight", []string{"--backends", "http://127.0.0.1:9001", "--listen-stream-weight", "0.25"}, env(),

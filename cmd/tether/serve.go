@@ -65,6 +65,7 @@ func serverConfig(cfg config, log *slog.Logger) (server.Config, error) {
 		HTTP2MaxConcurrentStreams: cfg.HTTP2MaxConcurrentStreams,
 		AffinityHeader:            cfg.AffinityHeader,
 		AffinityEpsilon:           cfg.AffinityEpsilon,
+		AffinityArgument:          cfg.AffinityArgument,
 		ListenStreamWeight:        cfg.ListenStreamWeight,
 		BackendH2C:                cfg.BackendH2C,
 		ShutdownGrace:             cfg.ShutdownGrace,

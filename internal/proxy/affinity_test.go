@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,7 +99,7 @@ func TestAffinityHeaderRoutesByKey(t *testing.T) {
 	bal := newBalancer()
 	store := session.NewMemory(session.MemoryOptions{TTL: time.Hour, OnChange: proxy.CountSessions(bal)})
 	t.Cleanup(func() { store.Close() })
-	p := proxy.New(proxy.Config{Balancer: bal, Store: store, AffinityHeader: affinityHeader})
+	p := proxy.New(proxy.Config{Balancer: bal, Store: store, AffinityHeader: affinityHeader, AffinityArgument: "workspace"})
 	front := testkit.StartServer(t, p)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -159,5 +162,86 @@ func TestAffinityHeaderNeedsAffinityBalancer(t *testing.T) {
 			t.Error("proxy.New with AffinityHeader and a Balancer without Affinity did not panic")
 		}
 	}()
-	proxy.New(proxy.Config{Balancer: balancer.New(balancer.Options{Picker: picker}), AffinityHeader: affinityHeader})
+	proxy.New(proxy.Config{Balancer: balancer.New(balancer.Options{Picker: picker}), AffinityHeader: affinityHeader, AffinityArgument: "workspace"})
+}
+
+// TestAffinityHeaderValidated: tether routes on the affinity header only
+// after checking it against the tool argument it carries, so a client
+// cannot steer a call to another handle's backend with a header its body
+// contradicts. A mismatch, or a header naming an argument the call lacks,
+// is answered 400 with HeaderMismatch (-32020) and reaches no backend; a
+// matching header (literal, Base64, or a number's JSON text) is routed.
+func TestAffinityHeaderValidated(t *testing.T) {
+	rb := newRecordingBackend(t, nil)
+	picker, err := balancer.NewPicker("p2c", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bal := balancer.New(balancer.Options{Picker: picker, Affinity: &balancer.AffinityOptions{}})
+	src, err := discovery.NewStatic([]string{rb.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan struct{})
+	var once sync.Once
+	go src.Run(t.Context(), func(s discovery.Snapshot) { bal.Update(s); once.Do(func() { close(synced) }) })
+	<-synced
+	store := session.NewMemory(session.MemoryOptions{})
+	t.Cleanup(func() { store.Close() })
+	p := proxy.New(proxy.Config{Balancer: bal, Store: store, AffinityHeader: affinityHeader, AffinityArgument: "workspace"})
+	front := testkit.StartServer(t, p)
+
+	call := func(arguments, header string) (int, jsonRPCError) {
+		t.Helper()
+		body := modernBody("tools/call", `"name":"where","arguments":`+arguments+`,`)
+		req, err := http.NewRequest(http.MethodPost, front.URL+"/mcp", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", modernVersion)
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "where")
+		if header != "" {
+			req.Header.Set(affinityHeader, header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var e jsonRPCError
+		json.Unmarshal(raw, &e)
+		return resp.StatusCode, e
+	}
+	for _, tc := range []struct{ name, arguments, header, message string }{
+		{"mismatch", `{"workspace":"ws-2"}`, "ws-1", "Mcp-Param-Workspace header value 'ws-1' does not match body value 'ws-2'"},
+		{"argument missing", `{"other":"ws-1"}`, "ws-1", "params.arguments.workspace is missing"},
+		{"argument an object", `{"workspace":{"id":"ws-1"}}`, "ws-1", "params.arguments.workspace is missing"},
+		{"base64 mismatch", `{"workspace":"ws-2"}`, "=?base64?d3MtMQ==?=", "header value 'ws-1' does not match"},
+		{"argument twice", `{"workspace":"ws-1","workspace":"ws-2"}`, "ws-1", "appears more than once"},
+	} {
+		status, e := call(tc.arguments, tc.header)
+		if status != http.StatusBadRequest || e.Error.Code != -32020 || !strings.Contains(e.Error.Message, tc.message) {
+			t.Errorf("%s: %d %d %q, want 400 -32020 containing %q", tc.name, status, e.Error.Code, e.Error.Message, tc.message)
+		}
+	}
+	if req, _ := rb.last(); req != nil {
+		t.Fatalf("a refused call reached the backend: %v", req.Header)
+	}
+	for _, tc := range []struct{ name, arguments, header string }{
+		{"literal", `{"workspace":"ws-1"}`, "ws-1"},
+		{"base64", `{"workspace":"Hello, 世界"}`, "=?base64?SGVsbG8sIOS4lueVjA==?="},
+		{"number", `{"workspace":42}`, "42"},
+		{"no header: picked by load", `{"workspace":"ws-1"}`, ""},
+	} {
+		if status, e := call(tc.arguments, tc.header); status != http.StatusOK || e.Error.Code != 0 {
+			t.Errorf("%s: %d %d %q, want it forwarded", tc.name, status, e.Error.Code, e.Error.Message)
+		}
+	}
+	if req, _ := rb.last(); req == nil || req.Header.Get(affinityHeader) != "" {
+		t.Errorf("the last call (no header) did not reach the backend as sent: %v", req)
+	}
 }

@@ -165,8 +165,10 @@ func quoted(s string) string {
 // defines no header requirement for notifications ("This revision ...
 // defines no client-to-server notifications"): a notification's
 // Mcp-Method is checked only when sent. Mcp-Param-* headers are forwarded
-// untouched: tether does not route on them, and checking one needs the
-// tool's inputSchema, which only the backend has.
+// untouched, except the affinity header tether routes on, which
+// affinityValue checks against the argument it is configured to carry:
+// which argument any other one mirrors is in the tool's inputSchema, which
+// only the backend has.
 func validateModern(h http.Header, c *classification, params []byte) *requestError {
 	if c.Batch {
 		return errModernBatch
@@ -367,4 +369,48 @@ func methodLabel(method string) string {
 		return l
 	}
 	return "other"
+}
+
+// affinityValue is the handle key of a modern tools/call routed by the
+// affinity header: the header's value, checked against the tool argument
+// it carries (params.arguments.argument), as the spec asks of an
+// intermediary that routes on an Mcp-Param-* header (streamable-http.mdx,
+// "Server Validation": it SHOULD NOT trust the header unvalidated). A
+// missing header is no key (the request is picked by load); a header that
+// differs from the argument, or names an argument the call lacks, is a
+// HeaderMismatch. Numbers and booleans travel as their JSON text
+// (SEP-2243); other argument types are never header values.
+func affinityValue(h http.Header, header, argument string, params []byte) (string, *requestError) {
+	raw, present, rerr := singleHeader(h, header)
+	if rerr != nil || !present {
+		return "", rerr
+	}
+	value, ok := decodeHeaderValue(raw)
+	if !ok {
+		return "", headerMismatch("Header mismatch: %s header value '%s' is not valid =?base64?...?= encoding", header, quoted(raw))
+	}
+	args, rerr := objectMember(params, "arguments")
+	if rerr != nil {
+		return "", rerr
+	}
+	arg, rerr := objectMember(args, argument)
+	if rerr != nil {
+		return "", rerr
+	}
+	var body string
+	switch {
+	case len(arg) > 0 && arg[0] == '"':
+		body, ok = stringValue(arg)
+	case len(arg) > 0 && (arg[0] == '-' || arg[0] >= '0' && arg[0] <= '9' || string(arg) == "true" || string(arg) == "false"):
+		body, ok = string(arg), true
+	default:
+		ok = false
+	}
+	if !ok {
+		return "", headerMismatch("Header mismatch: %s header value '%s' does not match body value (params.arguments.%s is missing or not a string, number or boolean)", header, quoted(value), argument)
+	}
+	if value != body {
+		return "", headerMismatch("Header mismatch: %s header value '%s' does not match body value '%s'", header, quoted(value), quoted(body))
+	}
+	return value, nil
 }

@@ -95,6 +95,12 @@ type Config struct {
 	// are picked as before. The Balancer must be built with
 	// Options.Affinity; New panics otherwise.
 	AffinityHeader string
+	// AffinityArgument is the tools/call argument the affinity header
+	// carries (params.arguments.AffinityArgument). tether routes on the
+	// header only for a tools/call, and only after checking it against the
+	// argument: a mismatch is refused with 400 and HeaderMismatch (-32020)
+	// before any backend sees it. Required with AffinityHeader.
+	AffinityArgument string
 }
 
 // Proxy is an http.Handler that routes MCP traffic to backends.
@@ -120,8 +126,9 @@ type Proxy struct {
 	propagator propagation.TextMapPropagator
 	decisions  *decisionLog
 
-	// affinityHeader is Config.AffinityHeader, canonical ("": off).
-	affinityHeader string
+	// affinityHeader is Config.AffinityHeader, canonical ("": off), and
+	// affinityArgument the tool argument it is checked against.
+	affinityHeader, affinityArgument string
 
 	// tasks is the store's task records (taskroute.go); nil when the store
 	// keeps none, and then task requests are picked like any other.
@@ -148,11 +155,15 @@ func New(cfg Config) *Proxy {
 		propagator: cfg.Propagator,
 		decisions:  newDecisionLog(100000),
 
-		affinityHeader: http.CanonicalHeaderKey(cfg.AffinityHeader),
+		affinityHeader:   http.CanonicalHeaderKey(cfg.AffinityHeader),
+		affinityArgument: cfg.AffinityArgument,
 	}
 	p.tasks, _ = cfg.Store.(session.TaskStore)
 	if p.affinityHeader != "" && !p.bal.KeyAffinity() {
 		panic("proxy: Config.AffinityHeader needs a Balancer built with Options.Affinity")
+	}
+	if p.affinityHeader != "" && p.affinityArgument == "" {
+		panic("proxy: Config.AffinityHeader needs Config.AffinityArgument")
 	}
 	if p.propagator == nil {
 		p.propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -291,8 +302,13 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		}
 	case x.class.SessionID == "":
 		x.route = routeStateless
-		if p.affinityHeader != "" && x.class.Era == eraModern {
-			x.affinityKey = r.Header.Get(p.affinityHeader)
+		if p.affinityHeader != "" && x.class.Era == eraModern && x.class.Kind == kindRequest && x.class.Method == "tools/call" {
+			key, rerr := affinityValue(r.Header, p.affinityHeader, p.affinityArgument, x.class.Params)
+			if rerr != nil {
+				writeRequestError(w, x.class.ID, rerr)
+				return false
+			}
+			x.affinityKey = key
 		}
 	default:
 		if !p.routeSession(ctx, w, r.WithContext(ctx), x) {

@@ -135,6 +135,9 @@ type Config struct {
 	// 0 is balancer.DefaultAffinityEpsilon). See proxy.Config.
 	AffinityHeader  string
 	AffinityEpsilon float64
+	// AffinityArgument is the tools/call argument the affinity header
+	// carries, checked against it (required with AffinityHeader).
+	AffinityArgument string
 	// ListenStreamWeight is what one subscriptions/listen stream adds to
 	// its backend's load (balancer.Options.ListenStreamWeight; 0 nothing).
 	ListenStreamWeight float64
@@ -230,6 +233,9 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	var affinity *balancer.AffinityOptions
 	if cfg.AffinityHeader != "" {
+		if cfg.AffinityArgument == "" {
+			return nil, errors.New("server: an affinity header needs the tool argument it carries (AffinityArgument)")
+		}
 		affinity = &balancer.AffinityOptions{Epsilon: cmp.Or(cfg.AffinityEpsilon, balancer.DefaultAffinityEpsilon)}
 		if err := balancer.CheckAffinityEpsilon(affinity.Epsilon); err != nil {
 			return nil, fmt.Errorf("server: %w", err)
@@ -290,6 +296,7 @@ func New(cfg Config) (_ *Server, err error) {
 		PrincipalKey:     principal,
 		PrincipalHeaders: cfg.PrincipalHeaders,
 		AffinityHeader:   cfg.AffinityHeader,
+		AffinityArgument: cfg.AffinityArgument,
 	})
 
 	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())

@@ -331,7 +331,7 @@ func TestDebugIsLoopbackOnly(t *testing.T) {
 // starts.
 func TestAffinityConfig(t *testing.T) {
 	cfg := testConfig(t, pingBackend(t).URL)
-	cfg.AffinityHeader = "Mcp-Param-Workspace"
+	cfg.AffinityHeader, cfg.AffinityArgument = "Mcp-Param-Workspace", "workspace"
 	s := startServer(t, cfg)
 	if !s.bal.KeyAffinity() {
 		t.Error("AffinityHeader set, but the balancer has no key ring")
@@ -346,8 +346,13 @@ func TestAffinityConfig(t *testing.T) {
 	}
 
 	cfg = testConfig(t)
-	cfg.AffinityHeader, cfg.AffinityEpsilon = "Mcp-Param-Workspace", -1
+	cfg.AffinityHeader, cfg.AffinityArgument, cfg.AffinityEpsilon = "Mcp-Param-Workspace", "workspace", -1
 	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "epsilon") {
 		t.Errorf("New with ε = -1: %v, want an epsilon error", err)
+	}
+	cfg = testConfig(t)
+	cfg.AffinityHeader = "Mcp-Param-Workspace"
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "AffinityArgument") {
+		t.Errorf("New with an affinity header and no argument: %v, want an error naming AffinityArgument", err)
 	}
 }
