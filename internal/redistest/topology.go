@@ -488,3 +488,72 @@ func (c *Cluster) Reshard(ctx context.Context, key string, slots int) error {
 	}
 	return nil
 }
+
+// processes are every process of the deployment, sentinels included.
+func (d *Sentinel) processes() []*Server {
+	return append([]*Server{d.Primary, d.Replica}, d.Sentinels...)
+}
+
+// Freeze stops every process of the deployment (SIGSTOP), sentinels
+// included: nothing answers, and no failover can start. (A thawed
+// sentinel finds its clock jumped and stays in TILT mode for 30 s,
+// taking no action.)
+func (d *Sentinel) Freeze() {
+	for _, s := range d.processes() {
+		s.Freeze()
+	}
+}
+
+// Thaw resumes every process (SIGCONT).
+func (d *Sentinel) Thaw() {
+	for _, s := range d.processes() {
+		s.Thaw()
+	}
+}
+
+// FlushAll empties the primary (FLUSHALL, replicated): the deployment
+// lost its data.
+func (d *Sentinel) FlushAll() error {
+	addr, err := d.primaryAddr()
+	if err != nil {
+		return err
+	}
+	return withClient(addr, func(ctx context.Context, c *redis.Client) error { return c.FlushAll(ctx).Err() })
+}
+
+// Freeze stops every node of the cluster (SIGSTOP).
+func (c *Cluster) Freeze() {
+	for _, n := range c.Nodes {
+		n.Freeze()
+	}
+}
+
+// Thaw resumes every node (SIGCONT).
+func (c *Cluster) Thaw() {
+	for _, n := range c.Nodes {
+		n.Thaw()
+	}
+}
+
+// FlushAll empties every primary of the cluster (FLUSHALL, replicated):
+// the cluster lost its data, as one restarted without persistence.
+func (c *Cluster) FlushAll() error {
+	for _, n := range c.Nodes {
+		if n.cmd == nil {
+			continue
+		}
+		if err := withClient(n.Addr(), func(ctx context.Context, cl *redis.Client) error {
+			role, err := cl.Do(ctx, "ROLE").Slice()
+			if err != nil {
+				return err
+			}
+			if len(role) > 0 && role[0] == "master" {
+				return cl.FlushAll(ctx).Err()
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

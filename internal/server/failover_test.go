@@ -195,10 +195,10 @@ func testReplicaFailover(t *testing.T, storeURL string, waitReplicated func(), k
 			t.Logf("session %d (%s) after the failover, through a fresh replica: %q, %v; want %s", i, s.cs.ID(), home, err, s.home)
 		}
 	}
-	t.Logf("failover through 2 tether replicas, %d live go-sdk sessions: primary replaced %v after the kill, "+
+	t.Logf("%s failover through 2 tether replicas, %d live go-sdk sessions: primary replaced %v after the kill, "+
 		"last failed new session %v after it (%d of %d new sessions failed); live-session errors %d in %d rounds, "+
 		"sessions moved %d, acknowledged sessions lost %d of %d",
-		live, since(promoted), since(lastNewFailure), newFailures, newSessions, liveErrors, rounds, moved, lost, live)
+		target.Topology, live, since(promoted), since(lastNewFailure), newFailures, newSessions, liveErrors, rounds, moved, lost, live)
 	if liveErrors != 0 || moved != 0 || lost != 0 {
 		t.Errorf("live-session errors %d, sessions moved %d, sessions lost %d; want none", liveErrors, moved, lost)
 	}
