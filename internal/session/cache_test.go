@@ -721,7 +721,10 @@ func testCacheDegraded(t *testing.T, srv redisDeployment, outage, mend func()) {
 	}
 
 	mend()
+	mended := time.Now()
 	testkit.Eventually(t, 30*time.Second, func() bool { return !a.Degraded() }, "recovery")
+	t.Logf("recovered (out of degraded mode, records kept meanwhile written) %v after Redis was back",
+		time.Since(mended).Round(10*time.Millisecond))
 	if got, want := a.degraded.list(), []bool{true, false}; !slices.Equal(got, want) {
 		t.Errorf("OnDegraded calls %v, want %v", got, want)
 	}
