@@ -10,8 +10,10 @@ demo:
 # MCP conformance suite directly and through tether. The Kubernetes test
 # environment is built first (once, cached outside the repo), and tests that
 # need it fail instead of skipping (TETHER_REQUIRE_KUBE), so CI never passes
-# by skipping them.
+# by skipping them; likewise the Redis Cluster tests and redis-cli
+# (TETHER_REQUIRE_REDIS_TOOLS).
 test: export TETHER_REQUIRE_KUBE = 1
+test: export TETHER_REQUIRE_REDIS_TOOLS = 1
 test: check kube-env unit conformance
 
 # etcd and kube-apiserver for the discovery end-to-end tests (DESIGN §7):

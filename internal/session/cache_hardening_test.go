@@ -107,13 +107,48 @@ func TestCacheLargeValuesDoNotDegrade(t *testing.T) {
 // what it caches; B's misses wait (up to the grace) for the write-backs.
 // Sessions cached only in A, read through B right after Redis was killed
 // and restarted empty: none lost.
+//
+// On Sentinel and Cluster, the deployment loses its data by a FLUSHALL on
+// every primary (what a restart without persistence of every node does).
 func TestCacheRedisRestartedEmptyLosesNoSession(t *testing.T) {
-	const sessions = 200
 	srv := redistest.Start(t)
+	raw := rawClient(t, srv)
+	// SIGKILL, then an empty redis-server on the same port.
+	testRestartedEmptyLosesNoSession(t, srv, func() { waitSubscribed(t, raw, 2) }, srv.Restart)
+	if testing.Short() {
+		return // starts a Sentinel deployment and a cluster
+	}
+	t.Run("Sentinel", func(t *testing.T) {
+		d := redistest.StartSentinel(t)
+		testRestartedEmptyLosesNoSession(t, d, func() { waitSubscribed(t, rawClient(t, d.CurrentPrimary()), 2) },
+			func() {
+				if err := d.FlushAll(); err != nil {
+					t.Fatal(err)
+				}
+			})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		redistest.RequireCLI(t)
+		c := redistest.StartCluster(t)
+		// The invalidation subscriptions are on the master of the
+		// channel's slot.
+		testRestartedEmptyLosesNoSession(t, c, func() { waitSubscribed(t, rawClient(t, c.PrimaryFor("tether:invalidate")), 2) },
+			func() {
+				if err := c.FlushAll(); err != nil {
+					t.Fatal(err)
+				}
+			})
+	})
+}
+
+// testRestartedEmptyLosesNoSession: waitSubscribed waits until both
+// replicas listen for invalidations, lose makes the deployment lose every
+// record.
+func testRestartedEmptyLosesNoSession(t *testing.T, srv redisDeployment, waitSubscribed, lose func()) {
+	const sessions = 200
 	a := newReplicaOn(t, srv, nil, cacheBudget, session.CacheOptions{})
 	b := newReplicaOn(t, srv, nil, cacheBudget, session.CacheOptions{})
-	raw := rawClient(t, srv)
-	waitSubscribed(t, raw, 2)
+	waitSubscribed()
 	ctx := t.Context()
 	ids := make([]string, sessions)
 	for i := range ids {
@@ -122,7 +157,7 @@ func TestCacheRedisRestartedEmptyLosesNoSession(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv.Restart() // SIGKILL, then an empty redis-server on the same port
+	lose()
 	start := time.Now()
 	var found, lost, unavailable atomic.Int64
 	var wg sync.WaitGroup
@@ -153,7 +188,7 @@ func TestCacheRedisRestartedEmptyLosesNoSession(t *testing.T) {
 	wg.Wait()
 	took := time.Since(start)
 	sa, sb := a.Stats(), b.Stats()
-	t.Logf("after the restart: %d/%d sessions found through replica b, %d lost, %d transient 503s; %v; a wrote back %d, b waited %d times",
+	t.Logf("after Redis lost its data: %d/%d sessions found through replica b, %d lost, %d transient 503s; %v; a wrote back %d, b waited %d times",
 		found.Load(), sessions, lost.Load(), unavailable.Load(), took.Round(time.Millisecond), sa.WrittenBack, sb.RecoveryWaits)
 	if lost.Load() != 0 || found.Load() != sessions {
 		t.Errorf("%d of %d sessions lost after Redis restarted empty", lost.Load(), sessions)

@@ -114,6 +114,10 @@ func (h *cmdLog) hold() (release func()) {
 	}
 }
 
+// redisDeployment is the Redis a test's stores use: one server
+// (*redistest.Server), a Sentinel deployment or a cluster, by its URL.
+type redisDeployment interface{ URL() string }
+
 // replica is one tether replica's session store: a Cache on its own client.
 type replica struct {
 	*session.Cache
@@ -139,14 +143,14 @@ func (tr *transitions) list() []bool {
 	return slices.Clone(tr.got)
 }
 
-func newReplica(tb testing.TB, srv *redistest.Server, clock *fakeClock, opts session.CacheOptions) *replica {
+func newReplica(tb testing.TB, srv redisDeployment, clock *fakeClock, opts session.CacheOptions) *replica {
 	tb.Helper()
 	return newReplicaOn(tb, srv, clock.Now, cacheBudget, opts)
 }
 
 // newReplicaOn is newReplica with a clock (nil: the real one) and a Redis
 // call budget.
-func newReplicaOn(tb testing.TB, srv *redistest.Server, now func() time.Time, budget time.Duration, opts session.CacheOptions) *replica {
+func newReplicaOn(tb testing.TB, srv redisDeployment, now func() time.Time, budget time.Duration, opts session.CacheOptions) *replica {
 	tb.Helper()
 	r := &replica{cmds: &cmdLog{keep: true}, degraded: &transitions{}}
 	opts.Shared = sharedStoreBudget(tb, srv, now, r.cmds, opts.TTL, budget)
@@ -159,27 +163,28 @@ func newReplicaOn(tb testing.TB, srv *redistest.Server, now func() time.Time, bu
 
 // sharedStore is a Redis store as tether builds it, on a client of its own
 // observed by hook (if any). The caller closes it (Cache.Close does).
-func sharedStore(tb testing.TB, srv *redistest.Server, now func() time.Time, hook redis.Hook, ttl time.Duration) *session.Redis {
+func sharedStore(tb testing.TB, srv redisDeployment, now func() time.Time, hook redis.Hook, ttl time.Duration) *session.Redis {
 	tb.Helper()
 	return sharedStoreBudget(tb, srv, now, hook, ttl, cacheBudget)
 }
 
-func sharedStoreBudget(tb testing.TB, srv *redistest.Server, now func() time.Time, hook redis.Hook, ttl, budget time.Duration) *session.Redis {
+func sharedStoreBudget(tb testing.TB, srv redisDeployment, now func() time.Time, hook redis.Hook, ttl, budget time.Duration) *session.Redis {
 	tb.Helper()
-	opt, err := redis.ParseURL(srv.URL())
+	target, err := session.ParseRedisURL(srv.URL())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	client := session.NewRedisClient(opt, budget)
+	client := session.NewRedisTargetClient(target, budget)
 	if hook != nil {
 		client.AddHook(hook)
 	}
-	return session.NewRedis(session.RedisOptions{Client: client, TTL: ttl, Timeout: budget, Now: now})
+	return session.NewRedis(session.RedisOptions{Client: client, TTL: ttl, Timeout: budget, Now: now,
+		Sentinel: target.Topology == session.RedisSentinel})
 }
 
 // authority is a plain Redis store (no cache) on the same clock: what any
 // replica reading Redis would see.
-func authority(t *testing.T, srv *redistest.Server, clock *fakeClock, ttl time.Duration) *session.Redis {
+func authority(t *testing.T, srv redisDeployment, clock *fakeClock, ttl time.Duration) *session.Redis {
 	s := sharedStore(t, srv, clock.Now, nil, ttl)
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -619,109 +624,132 @@ func TestCacheCallerErrorsDoNotDegrade(t *testing.T) {
 // While Redis is unreachable, cached sessions keep routing, uncached ones
 // fail fast, new ones are kept locally (up to MaxPending) and written when
 // Redis is back.
+//
+// On Sentinel and Cluster the outage is every process frozen (SIGSTOP) and
+// thawed: a Redis that came back empty is TestCacheRedisRestartedEmptyLosesNoSession's.
 func TestCacheDegraded(t *testing.T) {
-	const maxStale = 30 * time.Second
-	tests := []struct {
+	for _, tt := range []struct {
 		name         string
 		outage, mend func(*redistest.Server)
 	}{
 		{name: "killed and restarted empty", outage: (*redistest.Server).Kill, mend: (*redistest.Server).Restart},
 		{name: "frozen and thawed", outage: (*redistest.Server).Freeze, mend: (*redistest.Server).Thaw},
-	}
-	for _, tt := range tests {
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			clock := newFakeClock()
-			a := newReplica(t, srv, clock, session.CacheOptions{MaxStale: maxStale, MaxPending: 2})
-			other := authority(t, srv, clock, 0)
-			ctx := t.Context()
-			for _, id := range []string{"cached", "deleted"} {
-				if err := a.Create(ctx, rec(id)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := other.Create(ctx, rec("uncached")); err != nil {
-				t.Fatal(err)
-			}
-
-			tt.outage(srv)
-			// The first call to find Redis gone costs up to the budget and
-			// switches the cache to degraded mode.
-			if _, err := a.Get(ctx, "uncached"); !errors.Is(err, session.ErrUnavailable) {
-				t.Fatalf("Get(uncached) = %v, want ErrUnavailable", err)
-			}
-			if !a.Degraded() {
-				t.Fatal("not degraded after a failed call")
-			}
-			start := time.Now()
-			_, err := a.Get(ctx, "uncached")
-			if d := time.Since(start); d > cacheBudget/4 {
-				t.Errorf("degraded Get(uncached) took %v, want well under the %v budget", d, cacheBudget)
-			}
-			if !errors.Is(err, session.ErrUnavailable) {
-				t.Errorf("degraded Get(uncached) = %v, want ErrUnavailable", err)
-			}
-
-			clock.Advance(maxStale + time.Second) // stale entries are still served
-			if got, err := a.Get(ctx, "cached"); err != nil || got.ClientSID != "cached" {
-				t.Errorf("Get(cached) = %v, %v; want the cached record", got, err)
-			}
-			created := clock.Now()
-			for _, id := range []string{"new-1", "new-2", "new-3"} { // one more than MaxPending
-				if err := a.Create(ctx, rec(id)); err != nil {
-					t.Errorf("Create(%s) while degraded: %v", id, err)
-				}
-				if got, err := a.Get(ctx, id); err != nil || got.Version != 1 {
-					t.Errorf("Get(%s) while degraded = %v, %v", id, got, err)
-				}
-			}
-			cur, _ := a.Get(ctx, "cached")
-			next := cur.Clone()
-			next.BackendID = "elsewhere"
-			start = time.Now()
-			if got, err := a.Swap(ctx, cur, next); !errors.Is(err, session.ErrUnavailable) || got != nil {
-				t.Errorf("Swap while degraded = %v, %v; want nil, ErrUnavailable", got, err)
-			}
-			if got, err := a.Delete(ctx, "deleted"); err != nil || got == nil || got.ClientSID != "deleted" {
-				t.Errorf("Delete(cached) while degraded = %v, %v; want the record", got, err)
-			}
-			if d := time.Since(start); d > cacheBudget/4 {
-				t.Errorf("degraded Swap and Delete took %v, want well under the %v budget", d, cacheBudget)
-			}
-			st := a.Stats()
-			if !st.Degraded || st.Pending != 2 || st.Unwritten != 1 {
-				t.Errorf("stats while degraded: %+v; want degraded, 2 pending, 1 unwritten", st)
-			}
-
-			tt.mend(srv)
-			testkit.Eventually(t, 10*time.Second, func() bool { return !a.Degraded() }, "recovery")
-			if got, want := a.degraded.list(), []bool{true, false}; !slices.Equal(got, want) {
-				t.Errorf("OnDegraded calls %v, want %v", got, want)
-			}
-			if st := a.Stats(); st.Pending != 0 || st.Unwritten != 1 {
-				t.Errorf("stats after recovery: %+v; want 0 pending, 1 unwritten", st)
-			}
-			for _, id := range []string{"new-1", "new-2"} {
-				got, err := other.Get(ctx, id)
-				if err != nil {
-					t.Errorf("%s in Redis after recovery: %v", id, err)
-					continue
-				}
-				if diff := cmp.Diff(got, stored(rec(id), created)); diff != "" {
-					t.Errorf("%s in Redis after recovery (-got +want):\n%s", id, diff)
-				}
-			}
-			if _, err := other.Get(ctx, "new-3"); !errors.Is(err, session.ErrNotFound) {
-				t.Errorf("new-3 (beyond MaxPending) in Redis: %v, want ErrNotFound", err)
-			}
-			// Kept by Redis, or written back from the cache when Redis came
-			// back empty.
-			testkit.Eventually(t, 10*time.Second, func() bool {
-				_, err := other.Get(ctx, "cached")
-				return err == nil
-			}, "the record from before the outage in Redis")
+			testCacheDegraded(t, srv, func() { tt.outage(srv) }, func() { tt.mend(srv) })
 		})
 	}
+	if testing.Short() {
+		return // starts a Sentinel deployment and a cluster
+	}
+	t.Run("Sentinel/frozen and thawed", func(t *testing.T) {
+		d := redistest.StartSentinel(t)
+		testCacheDegraded(t, d, d.Freeze, d.Thaw)
+	})
+	t.Run("Cluster/frozen and thawed", func(t *testing.T) {
+		redistest.RequireCLI(t)
+		c := redistest.StartCluster(t)
+		testCacheDegraded(t, c, c.Freeze, c.Thaw)
+	})
+}
+
+// testCacheDegraded: outage makes the deployment unreachable, mend brings
+// it back (empty or not).
+func testCacheDegraded(t *testing.T, srv redisDeployment, outage, mend func()) {
+	const maxStale = 30 * time.Second
+	clock := newFakeClock()
+	a := newReplica(t, srv, clock, session.CacheOptions{MaxStale: maxStale, MaxPending: 2})
+	other := authority(t, srv, clock, 0)
+	ctx := t.Context()
+	for _, id := range []string{"cached", "deleted"} {
+		if err := a.Create(ctx, rec(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := other.Create(ctx, rec("uncached")); err != nil {
+		t.Fatal(err)
+	}
+
+	outage()
+	// The first call to find Redis gone costs up to the budget and
+	// switches the cache to degraded mode.
+	if _, err := a.Get(ctx, "uncached"); !errors.Is(err, session.ErrUnavailable) {
+		t.Fatalf("Get(uncached) = %v, want ErrUnavailable", err)
+	}
+	if !a.Degraded() {
+		t.Fatal("not degraded after a failed call")
+	}
+	start := time.Now()
+	_, err := a.Get(ctx, "uncached")
+	if d := time.Since(start); d > cacheBudget/4 {
+		t.Errorf("degraded Get(uncached) took %v, want well under the %v budget", d, cacheBudget)
+	}
+	if !errors.Is(err, session.ErrUnavailable) {
+		t.Errorf("degraded Get(uncached) = %v, want ErrUnavailable", err)
+	}
+
+	clock.Advance(maxStale + time.Second) // stale entries are still served
+	if got, err := a.Get(ctx, "cached"); err != nil || got.ClientSID != "cached" {
+		t.Errorf("Get(cached) = %v, %v; want the cached record", got, err)
+	}
+	created := clock.Now()
+	for _, id := range []string{"new-1", "new-2", "new-3"} { // one more than MaxPending
+		if err := a.Create(ctx, rec(id)); err != nil {
+			t.Errorf("Create(%s) while degraded: %v", id, err)
+		}
+		if got, err := a.Get(ctx, id); err != nil || got.Version != 1 {
+			t.Errorf("Get(%s) while degraded = %v, %v", id, got, err)
+		}
+	}
+	cur, _ := a.Get(ctx, "cached")
+	next := cur.Clone()
+	next.BackendID = "elsewhere"
+	start = time.Now()
+	if got, err := a.Swap(ctx, cur, next); !errors.Is(err, session.ErrUnavailable) || got != nil {
+		t.Errorf("Swap while degraded = %v, %v; want nil, ErrUnavailable", got, err)
+	}
+	if got, err := a.Delete(ctx, "deleted"); err != nil || got == nil || got.ClientSID != "deleted" {
+		t.Errorf("Delete(cached) while degraded = %v, %v; want the record", got, err)
+	}
+	if d := time.Since(start); d > cacheBudget/4 {
+		t.Errorf("degraded Swap and Delete took %v, want well under the %v budget", d, cacheBudget)
+	}
+	st := a.Stats()
+	if !st.Degraded || st.Pending != 2 || st.Unwritten != 1 {
+		t.Errorf("stats while degraded: %+v; want degraded, 2 pending, 1 unwritten", st)
+	}
+
+	mend()
+	mended := time.Now()
+	testkit.Eventually(t, 30*time.Second, func() bool { return !a.Degraded() }, "recovery")
+	t.Logf("recovered (out of degraded mode, records kept meanwhile written) %v after Redis was back",
+		time.Since(mended).Round(10*time.Millisecond))
+	if got, want := a.degraded.list(), []bool{true, false}; !slices.Equal(got, want) {
+		t.Errorf("OnDegraded calls %v, want %v", got, want)
+	}
+	if st := a.Stats(); st.Pending != 0 || st.Unwritten != 1 {
+		t.Errorf("stats after recovery: %+v; want 0 pending, 1 unwritten", st)
+	}
+	for _, id := range []string{"new-1", "new-2"} {
+		got, err := other.Get(ctx, id)
+		if err != nil {
+			t.Errorf("%s in Redis after recovery: %v", id, err)
+			continue
+		}
+		if diff := cmp.Diff(got, stored(rec(id), created)); diff != "" {
+			t.Errorf("%s in Redis after recovery (-got +want):\n%s", id, diff)
+		}
+	}
+	if _, err := other.Get(ctx, "new-3"); !errors.Is(err, session.ErrNotFound) {
+		t.Errorf("new-3 (beyond MaxPending) in Redis: %v, want ErrNotFound", err)
+	}
+	// Kept by Redis, or written back from the cache when Redis came
+	// back empty.
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		_, err := other.Get(ctx, "cached")
+		return err == nil
+	}, "the record from before the outage in Redis")
 }
 
 // When Redis restarts empty, a session a replica still serves is written
