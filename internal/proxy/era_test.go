@@ -227,15 +227,7 @@ func TestModernCallsSpreadWithGoSDKPeers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	total, most := 0, 0
-	for _, n := range perBackend {
-		total += n
-		most = max(most, n)
-	}
-	if total != clients*callsEach || len(perBackend) != 3 {
-		t.Fatalf("calls per backend %v: want %d calls over 3 backends", perBackend, clients*callsEach)
-	}
-	spread := float64(most) / (float64(total) / 3)
+	spread := spreadOver3(t, perBackend, clients*callsEach)
 	t.Logf("modern calls per backend %v: max/mean %.3f", perBackend, spread)
 	if spread > 1.1 {
 		t.Errorf("max/mean %.3f over 1,000 modern calls, want <= 1.1 (%v)", spread, perBackend)
@@ -409,4 +401,19 @@ func TestEraAndMethodLabels(t *testing.T) {
 			t.Errorf("tether_requests_total%v = %v, want 1", want, got)
 		}
 	}
+}
+
+// spreadOver3 checks that perBackend holds want calls over 3 backends and
+// returns the spread: the busiest backend's calls over the mean.
+func spreadOver3(t *testing.T, perBackend map[string]int, want int) float64 {
+	t.Helper()
+	total, most := 0, 0
+	for _, n := range perBackend {
+		total += n
+		most = max(most, n)
+	}
+	if total != want || len(perBackend) != 3 {
+		t.Fatalf("calls per backend %v: want %d calls over 3 backends", perBackend, want)
+	}
+	return float64(most) / (float64(total) / 3)
 }

@@ -199,18 +199,10 @@ func TestListenStreamsDoNotSkewPlainCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	total, most := 0, 0
-	for _, n := range perBackend {
-		total += n
-		most = max(most, n)
-	}
-	if total != clients*callsEach || len(perBackend) != 3 {
-		t.Fatalf("calls per backend %v: want %d calls over 3 backends", perBackend, clients*callsEach)
-	}
-	spread := float64(most) / (float64(total) / 3)
+	spread := spreadOver3(t, perBackend, clients*callsEach)
 	t.Logf("calls per backend %v, listen streams %s: max/mean %.3f", perBackend, fmt.Sprint(values(streams)), spread)
 	if spread > 1.1 {
-		t.Errorf("max/mean %.3f over %d calls from clients holding listen streams, want <= 1.1 (%v)", spread, total, perBackend)
+		t.Errorf("max/mean %.3f over %d calls from clients holding listen streams, want <= 1.1 (%v)", spread, clients*callsEach, perBackend)
 	}
 }
 
