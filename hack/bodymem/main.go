@@ -21,7 +21,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,7 +41,7 @@ func main() {
 	}
 	defer proc.Stop()
 	listen, admin := proc.Listen, proc.Admin
-	before := scrape(admin)
+	before := tetherproc.Scrape(admin)
 
 	var mu sync.Mutex
 	answers := map[string]int{}
@@ -87,7 +86,7 @@ func main() {
 		}
 	}
 	time.Sleep(*wait)
-	after := scrape(admin)
+	after := tetherproc.Scrape(admin)
 	mu.Lock()
 	var got []string
 	for code, n := range answers {
@@ -100,22 +99,4 @@ func main() {
 	for _, pw := range bodies {
 		pw.Close()
 	}
-}
-
-// scrape reads tether's /metrics into name → value (unlabelled series).
-func scrape(admin string) map[string]float64 {
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		panic(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	out := map[string]float64{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 2 {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			out[f[0]] = v
-		}
-	}
-	return out
 }

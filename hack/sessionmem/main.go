@@ -105,10 +105,10 @@ func main() {
 					failed.Add(int64(per))
 					return
 				}
-				post(ctx, client, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+				tetherproc.Post(ctx, client, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 				for i := range per {
 					body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello %d"}}}`, i+2, i)
-					if err := post(ctx, client, url, sid, body); err != nil {
+					if _, err := tetherproc.Post(ctx, client, url, sid, body); err != nil {
 						failed.Add(1)
 					}
 				}
@@ -155,7 +155,7 @@ func minimalBackend(w http.ResponseWriter, r *http.Request) {
 }
 
 func initialize(ctx context.Context, c *http.Client, url string) (string, error) {
-	resp, err := do(ctx, c, url, "", initBody)
+	resp, err := tetherproc.Post(ctx, c, url, "", initBody)
 	if err != nil {
 		return "", err
 	}
@@ -164,34 +164,6 @@ func initialize(ctx context.Context, c *http.Client, url string) (string, error)
 		return "", fmt.Errorf("no session id")
 	}
 	return sid, nil
-}
-
-func post(ctx context.Context, c *http.Client, url, sid, body string) error {
-	_, err := do(ctx, c, url, sid, body)
-	return err
-}
-
-func do(ctx context.Context, c *http.Client, url, sid, body string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return resp, nil
 }
 
 // measure reports RSS (and its peak) from /proc and the Go heap and session
@@ -205,7 +177,7 @@ func measure(pid int, admin string) string {
 			kib[strings.TrimSuffix(f[0], ":")] = v
 		}
 	}
-	m := scrape(admin)
+	m := tetherproc.Scrape(admin)
 	return fmt.Sprintf("RSS %.1f MiB (anon %.1f, file %.1f, peak %.1f), heap in use %.1f MiB, Go sys %.1f MiB, sessions %.0f, init bytes %.0f, GC cycles %.0f",
 		kib["VmRSS"]/1024, kib["RssAnon"]/1024, kib["RssFile"]/1024, kib["VmHWM"]/1024,
 		m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_sys_bytes"]/(1<<20),
@@ -220,22 +192,4 @@ func cpuSeconds(pid int) float64 {
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	return (utime + stime) / 100 // USER_HZ
-}
-
-// scrape reads tether's /metrics into name → value (unlabelled series).
-func scrape(admin string) map[string]float64 {
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		panic(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	out := map[string]float64{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 2 {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			out[f[0]] = v
-		}
-	}
-	return out
 }

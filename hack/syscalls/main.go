@@ -14,9 +14,9 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,17 +59,17 @@ func run(bin string, n, warm int) error {
 
 	url := "http://" + proc.Listen + "/mcp"
 	client := &http.Client{}
-	resp, err := post(client, url, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"syscalls","version":"1"}}}`)
+	resp, err := tetherproc.Post(context.Background(), client, url, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"syscalls","version":"1"}}}`)
 	if err != nil {
 		return err
 	}
 	sid := resp.Header.Get("Mcp-Session-Id")
-	if _, err := post(client, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); err != nil {
+	if _, err := tetherproc.Post(context.Background(), client, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); err != nil {
 		return err
 	}
 	const call = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`
 	for range warm {
-		if _, err := post(client, url, sid, call); err != nil {
+		if _, err := tetherproc.Post(context.Background(), client, url, sid, call); err != nil {
 			return err
 		}
 	}
@@ -86,7 +86,7 @@ func run(bin string, n, warm int) error {
 		return err
 	}
 	for range n {
-		if _, err := post(client, url, sid, call); err != nil {
+		if _, err := tetherproc.Post(context.Background(), client, url, sid, call); err != nil {
 			strace.Process.Kill()
 			return err
 		}
@@ -96,29 +96,6 @@ func run(bin string, n, warm int) error {
 	strace.Process.Signal(os.Interrupt)
 	strace.Wait()
 	return report(out, n)
-}
-
-func post(client *http.Client, url, sid, body string) (*http.Response, error) {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("%s: status %d", body, resp.StatusCode)
-	}
-	return resp, nil
 }
 
 // awaitTraced waits until every thread of pid has a tracer.
