@@ -131,12 +131,7 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminLookupTimeout)
 	defer cancel()
 	rec, err := s.store.Get(ctx, sid)
-	switch {
-	case errors.Is(err, session.ErrNotFound):
-		writeAdminJSON(w, http.StatusNotFound, AdminError{"session not found"})
-		return
-	case err != nil:
-		writeAdminJSON(w, http.StatusServiceUnavailable, AdminError{"session store: " + err.Error()})
+	if lookupFailed(w, err, "session") {
 		return
 	}
 	v := SessionView{
@@ -202,12 +197,7 @@ func (s *Server) debugTask(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminLookupTimeout)
 	defer cancel()
 	rec, err := ts.GetTask(ctx, id)
-	switch {
-	case errors.Is(err, session.ErrNotFound):
-		writeAdminJSON(w, http.StatusNotFound, AdminError{"task not found"})
-		return
-	case err != nil:
-		writeAdminJSON(w, http.StatusServiceUnavailable, AdminError{"session store: " + err.Error()})
+	if lookupFailed(w, err, "task") {
 		return
 	}
 	v := TaskView{
@@ -284,4 +274,19 @@ func writeAdminJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
+}
+
+// lookupFailed answers a failed store lookup of a what ("session",
+// "task"): 404 when the store does not hold it, 503 when the store could
+// not say. It reports whether it answered.
+func lookupFailed(w http.ResponseWriter, err error, what string) bool {
+	switch {
+	case errors.Is(err, session.ErrNotFound):
+		writeAdminJSON(w, http.StatusNotFound, AdminError{what + " not found"})
+	case err != nil:
+		writeAdminJSON(w, http.StatusServiceUnavailable, AdminError{"session store: " + err.Error()})
+	default:
+		return false
+	}
+	return true
 }
