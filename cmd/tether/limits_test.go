@@ -156,7 +156,7 @@ func TestAnnouncedBodiesHTTP1(t *testing.T) {
 	s := startServerWith(t, func(c *config) {
 		c.MaxInflightBodyBytes = budget
 		c.BodyTimeout = time.Minute // this test is about memory; see TestBodyTimeout
-	}, pingBackend(t).URL)
+	}, testkit.PingBackend(t).URL)
 	addr := s.ClientAddr().String()
 
 	before := heapInUse()
@@ -221,7 +221,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 	s := startServerWith(t, func(c *config) {
 		c.MaxInflightBodyBytes = budget
 		c.BodyTimeout = time.Minute
-	}, pingBackend(t).URL)
+	}, testkit.PingBackend(t).URL)
 	url := "http://" + s.ClientAddr().String() + "/mcp"
 	client := h2cClient()
 	t.Cleanup(client.CloseIdleConnections)
@@ -289,7 +289,7 @@ func TestAnnouncedBodiesH2C(t *testing.T) {
 // answered 408 and its connection closed (HTTP/1.1) or its stream ended
 // (h2c). Old main waited for ever (connections open after 150 s).
 func TestBodyTimeout(t *testing.T) {
-	s := startServerWith(t, func(c *config) { c.BodyTimeout = 500 * time.Millisecond }, pingBackend(t).URL)
+	s := startServerWith(t, func(c *config) { c.BodyTimeout = 500 * time.Millisecond }, testkit.PingBackend(t).URL)
 	addr := s.ClientAddr().String()
 	const slow = 3
 

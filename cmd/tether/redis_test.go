@@ -21,7 +21,7 @@ import (
 // stays ready (degraded, serving) and says so once in its log.
 func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	srv := redistest.Start(t)
-	backend := pingBackend(t)
+	backend := testkit.PingBackend(t)
 
 	cfg := defaultConfig()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
@@ -38,11 +38,11 @@ func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	go func() { done <- s.Run(ctx) }()
 	defer func() { stop(); <-done }()
 	ready := "http://" + s.AdminAddr().String() + "/readyz"
-	testkit.Eventually(t, 10*time.Second, func() bool { return status(ready) == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status(ready) == 200 }, "ready")
 
 	srv.Kill()
 	testkit.Eventually(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), "session store degraded") }, "the outage logged")
-	if got := status(ready); got != 200 {
+	if got := testkit.Status(ready); got != 200 {
 		t.Errorf("/readyz while Redis is down: %d, want 200 (degraded but serving)", got)
 	}
 	resp, err := http.Post("http://"+s.ClientAddr().String()+"/mcp", "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))

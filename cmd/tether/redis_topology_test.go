@@ -26,7 +26,7 @@ func TestSentinelStatusAndMetrics(t *testing.T) {
 	d := redistest.StartSentinel(t)
 	cfg := defaultConfig()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Backends = []string{pingBackend(t).URL}
+	cfg.Backends = []string{testkit.PingBackend(t).URL}
 	cfg.RedisURL = d.URL()
 	cfg.RedisTimeout = 200 * time.Millisecond // -race on 2 cores
 	s, err := newServer(cfg, slog.New(slog.DiscardHandler))
@@ -38,7 +38,7 @@ func TestSentinelStatusAndMetrics(t *testing.T) {
 	go func() { done <- s.Run(ctx) }()
 	defer func() { stop(); <-done }()
 	admin := s.AdminAddr().String()
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+admin+"/readyz") == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "ready")
 
 	statusSays := func(want string) func() bool {
 		return func() bool {
@@ -95,7 +95,7 @@ func TestClusterStatus(t *testing.T) {
 	go func() { done <- s.Run(ctx) }()
 	defer func() { stop(); <-done }()
 	admin := s.AdminAddr().String()
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+admin+"/readyz") == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "ready")
 	var out string
 	testkit.Eventually(t, 10*time.Second, func() bool {
 		_, out, _ = runCLI("status", "--admin", admin)

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -55,24 +54,14 @@ func startServerPrepared(t *testing.T, tune func(*config), prepare func(*server.
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	t.Cleanup(func() { stop(); <-done })
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+s.AdminAddr().String()+"/readyz") == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+s.AdminAddr().String()+"/readyz") == 200 }, "ready")
 	return s
-}
-
-func pingBackend(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
 }
 
 // The client listener speaks HTTP/2 without TLS to clients that know it
 // (prior knowledge), and never upgrades an HTTP/1.1 connection.
 func TestClientListenerH2CPriorKnowledgeOnly(t *testing.T) {
-	s := startServer(t, pingBackend(t).URL)
+	s := startServer(t, testkit.PingBackend(t).URL)
 	addr := s.ClientAddr().String()
 
 	var protos http.Protocols
@@ -106,10 +95,10 @@ func TestClientListenerH2CPriorKnowledgeOnly(t *testing.T) {
 }
 
 func TestAdminEndpoints(t *testing.T) {
-	s := startServer(t, pingBackend(t).URL)
+	s := startServer(t, testkit.PingBackend(t).URL)
 	admin := "http://" + s.AdminAddr().String()
 	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/nope": 404} {
-		if got := status(admin + path); got != want {
+		if got := testkit.Status(admin + path); got != want {
 			t.Errorf("GET %s: %d, want %d", path, got, want)
 		}
 	}

@@ -65,7 +65,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	clientURL := "http://" + s.ClientAddr().String() + "/mcp"
 	readyURL := "http://" + s.AdminAddr().String() + "/readyz"
-	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status(readyURL) == 200 }, "ready")
 
 	postDone := make(chan int, 1)
 	go func() {
@@ -96,7 +96,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	stop() // what SIGTERM does through signal.NotifyContext
 
-	testkit.Eventually(t, 10*time.Second, func() bool { return status(readyURL) != 200 }, "readiness off")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status(readyURL) != 200 }, "readiness off")
 	testkit.Eventually(t, 10*time.Second, func() bool {
 		c, err := net.Dial("tcp", s.ClientAddr().String())
 		if err == nil {
@@ -135,7 +135,7 @@ func TestProcessSignalsAndExitCodes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+admin+"/readyz") == 200 }, "process ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "process ready")
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
@@ -151,14 +151,4 @@ func TestProcessSignalsAndExitCodes(t *testing.T) {
 	if len(lines) != 1 || !strings.HasPrefix(lines[0], "tether: --balancer") {
 		t.Errorf("bad flag output %q, want one line", out)
 	}
-}
-
-func status(url string) int {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return -1
-	}
-	resp.Body.Close()
-	return resp.StatusCode
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // The listeners' limits, as a client sees them.
@@ -18,7 +20,7 @@ import (
 // frame size (Go's default of 1 MiB lets every connection pin a 1 MiB read
 // buffer) and the flow-control windows.
 func TestH2CSettings(t *testing.T) {
-	s := startServer(t, testConfig(t, pingBackend(t).URL))
+	s := startServer(t, testConfig(t, testkit.PingBackend(t).URL))
 	conn, err := net.Dial("tcp", s.ClientAddr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +66,7 @@ func TestH2CSettings(t *testing.T) {
 // is cut at the read timeout (old main: no read timeout, held for ever).
 func TestAdminListenerLimits(t *testing.T) {
 	t.Parallel()
-	s := startServer(t, testConfig(t, pingBackend(t).URL))
+	s := startServer(t, testConfig(t, testkit.PingBackend(t).URL))
 	admin := s.AdminAddr().String()
 
 	req, _ := http.NewRequest(http.MethodGet, "http://"+admin+"/healthz", nil)

@@ -54,29 +54,8 @@ func startServer(t *testing.T, cfg Config) *Server {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	testkit.Eventually(t, 10*time.Second, func() bool { return status("http://"+s.AdminAddr().String()+"/readyz") == 200 }, "ready")
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+s.AdminAddr().String()+"/readyz") == 200 }, "ready")
 	return s
-}
-
-func pingBackend(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-// status is the status code of a GET of url, or -1 when it fails.
-func status(url string) int {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return -1
-	}
-	resp.Body.Close()
-	return resp.StatusCode
 }
 
 // refused reports whether nothing accepts connections at addr any more.
@@ -195,10 +174,10 @@ func TestListenErrorStopsWhatStarted(t *testing.T) {
 }
 
 func TestAdminEndpoints(t *testing.T) {
-	s := startServer(t, testConfig(t, pingBackend(t).URL))
+	s := startServer(t, testConfig(t, testkit.PingBackend(t).URL))
 	admin := "http://" + s.AdminAddr().String()
 	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/nope": 404} {
-		if got := status(admin + path); got != want {
+		if got := testkit.Status(admin + path); got != want {
 			t.Errorf("GET %s: %d, want %d", path, got, want)
 		}
 	}
@@ -210,7 +189,7 @@ func TestAdminEndpoints(t *testing.T) {
 // An ejected endpoint is reported as such by Stats, which /metrics and
 // /debug share (the benchmark's copy of it never said "ejected").
 func TestStatsReportEjected(t *testing.T) {
-	backend := pingBackend(t)
+	backend := testkit.PingBackend(t)
 	s := startServer(t, testConfig(t, backend.URL))
 	eps := s.bal.Endpoints()
 	if len(eps) != 1 {
@@ -330,7 +309,7 @@ func TestDebugIsLoopbackOnly(t *testing.T) {
 // hands the header to the proxy); a bad ε is refused before anything
 // starts.
 func TestAffinityConfig(t *testing.T) {
-	cfg := testConfig(t, pingBackend(t).URL)
+	cfg := testConfig(t, testkit.PingBackend(t).URL)
 	cfg.AffinityHeader, cfg.AffinityArgument = "Mcp-Param-Workspace", "workspace"
 	s := startServer(t, cfg)
 	if !s.bal.KeyAffinity() {
@@ -340,7 +319,7 @@ func TestAffinityConfig(t *testing.T) {
 		t.Errorf("PickByKey: %v", err)
 	}
 
-	plain := startServer(t, testConfig(t, pingBackend(t).URL))
+	plain := startServer(t, testConfig(t, testkit.PingBackend(t).URL))
 	if plain.bal.KeyAffinity() {
 		t.Error("no AffinityHeader, but the balancer builds a key ring")
 	}

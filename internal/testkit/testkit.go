@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -114,4 +115,28 @@ func StartServer(tb testing.TB, h http.Handler) *httptest.Server {
 	srv := httptest.NewServer(h)
 	tb.Cleanup(srv.Close)
 	return srv
+}
+
+// PingBackend is an HTTP server that answers every request with an empty
+// JSON-RPC result: a backend for tests of the server's plumbing rather
+// than of MCP. It closes when the test ends.
+func PingBackend(tb testing.TB) *httptest.Server {
+	tb.Helper()
+	return StartServer(tb, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	}))
+}
+
+// Status is the status code of a GET of url, or -1 when it fails (within
+// a second).
+func Status(url string) int {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return -1
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
