@@ -27,6 +27,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
@@ -198,6 +199,7 @@ type Server struct {
 	proxy     *proxy.Proxy
 
 	client, admin     *http.Server
+	front             *h1.Server // serves client with its configuration
 	clientLn, adminLn net.Listener
 
 	ready      atomic.Bool   // false until discovery has synced, and again while draining
@@ -325,6 +327,7 @@ func New(cfg Config) (_ *Server, err error) {
 		BaseContext: func(net.Listener) context.Context { return s.requestCtx },
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	s.front = h1.Wrap(s.client)
 	s.admin = &http.Server{
 		Handler:           s.adminHandler(),
 		ReadHeaderTimeout: adminHeaderTimeout,
@@ -397,7 +400,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	serveErr := make(chan error, 2)
 	var serving sync.WaitGroup
-	serving.Go(func() { serveErr <- s.client.Serve(s.clientLn) })
+	serving.Go(func() { serveErr <- s.front.Serve(s.clientLn) })
 	serving.Go(func() { serveErr <- s.admin.Serve(s.adminLn) })
 	s.log.Info("tether serving", "listen", s.clientLn.Addr().String(), "admin", s.adminLn.Addr().String(),
 		"balancer", s.cfg.Balancer, "store", s.storeName(), "tracing", cmp.Or(s.tracing.Exporter, "off"))
@@ -466,7 +469,7 @@ func (s *Server) shutdown() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := s.client.Shutdown(graceCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		if err := s.front.Shutdown(graceCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.log.Warn("client listener shutdown", "err", err)
 		}
 	}()
@@ -480,7 +483,7 @@ func (s *Server) shutdown() {
 		select {
 		case <-done:
 		case <-time.After(cutOffTimeout):
-			s.client.Close()
+			s.front.Close()
 		}
 	}
 	s.cancelRequests()

@@ -1,0 +1,363 @@
+package h1
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Connection states, for Shutdown: only an idle connection (waiting for
+// the first byte of a request, nothing buffered) may be closed under it.
+const (
+	stateActive int32 = iota
+	stateIdle
+	stateClosed
+)
+
+const (
+	// readBufferSize is a connection's read buffer: a request head and a
+	// small body arrive in one read. It grows for a longer head, up to
+	// the wrapped server's MaxHeaderBytes.
+	readBufferSize = 4 << 10
+	// maxDiscardBody is how much of a body the handler left unread is
+	// read and dropped to keep the connection (net/http's
+	// maxPostHandlerReadBytes); past it the connection is closed.
+	maxDiscardBody = 256 << 10
+	// clientWatchDelay is how long a request runs before its connection
+	// is watched for the client leaving, which cancels the request's
+	// context. Watching costs a goroutine and a read per request; a
+	// request answered sooner than this never needs it (the answer's write
+	// is what fails if the client has gone), and a stream or a slow tool
+	// call is watched from then on.
+	clientWatchDelay = 100 * time.Millisecond
+)
+
+// aLongTimeAgo is a deadline in the past, which interrupts a blocked read.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// errHandOff says the request is for net/http's server to answer.
+var errHandOff = errors.New("h1: not a fast request")
+
+// conn is one client connection on the fast path.
+type conn struct {
+	srv    *Server
+	rwc    net.Conn
+	ctx    context.Context // parent of the requests' contexts
+	remote string
+	state  atomic.Int32
+
+	// buf[r:w] is read and not yet consumed.
+	buf  []byte
+	r, w int
+
+	body   body
+	resp   response
+	header http.Header // the response header map, cleared between requests
+
+	// The client watch (see clientWatchDelay). mu guards watch, watchDone,
+	// bodyDone, gone and the peeked byte; watchTimer starts it.
+	mu         sync.Mutex
+	watch      watchState
+	watchDone  chan struct{}
+	watchTimer *time.Timer
+	bodyDone   bool
+	gone       bool // the client closed, or its connection failed
+	cancel     context.CancelFunc
+	peeked     [1]byte
+	hasPeeked  bool
+}
+
+type watchState uint8
+
+const (
+	watchOff       watchState = iota
+	watchArmed                // the timer runs
+	watchAfterBody            // the timer fired while the body was being read
+	watchReading              // a goroutine reads the connection
+)
+
+func newConn(s *Server, rwc net.Conn, ctx context.Context) *conn {
+	c := &conn{srv: s, rwc: rwc, ctx: ctx, remote: rwc.RemoteAddr().String()}
+	c.state.Store(stateActive)
+	c.body.c = c
+	return c
+}
+
+func (c *conn) maxHead() int {
+	n := c.srv.std.MaxHeaderBytes
+	if n <= 0 {
+		n = http.DefaultMaxHeaderBytes
+	}
+	// As net/http: the limit is on the header bytes, and the request line
+	// gets 4 KiB of slack.
+	return n + 4096
+}
+
+// serve reads requests and answers them until the connection closes, or
+// hands it over.
+func (c *conn) serve() {
+	handedOff := false
+	defer func() {
+		if v := recover(); v != nil {
+			// A bug of this package (handler panics are recovered where the
+			// handler runs): log it, as net/http does, and drop the connection.
+			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, stack())
+		}
+		if c.watchTimer != nil {
+			c.watchTimer.Stop()
+		}
+		if !handedOff {
+			c.state.Store(stateClosed)
+			c.rwc.Close()
+		}
+		c.srv.untrack(c)
+	}()
+	for {
+		h, err := c.readHead()
+		if err == errHandOff {
+			handedOff = c.handOff()
+			return
+		}
+		if err != nil {
+			return
+		}
+		if !c.serveRequest(&h) {
+			return
+		}
+	}
+}
+
+// readHead reads the next request's head. It returns errHandOff for a
+// request that is not of the fast shape; its bytes are still in buf.
+func (c *conn) readHead() (head, error) {
+	if c.buf == nil {
+		c.buf = make([]byte, readBufferSize)
+	}
+	if c.r == c.w {
+		c.r, c.w = 0, 0
+		if err := c.waitRequest(); err != nil {
+			return head{}, err
+		}
+	}
+	searched := 0
+	deadline := false
+	for {
+		end, bare := headEnd(c.buf[c.r:c.w], searched)
+		if bare {
+			return head{}, errHandOff
+		}
+		if end >= 0 {
+			if deadline {
+				c.rwc.SetReadDeadline(time.Time{})
+			}
+			h, ok := parseHead(string(c.buf[c.r : c.r+end]))
+			if !ok {
+				return head{}, errHandOff
+			}
+			c.r += end
+			return h, nil
+		}
+		if c.w-c.r >= c.maxHead() {
+			return head{}, errHandOff // net/http answers 431
+		}
+		if !deadline {
+			// The head is not whole: it gets ReadHeaderTimeout from now.
+			deadline = true
+			if d := c.srv.std.ReadHeaderTimeout; d > 0 {
+				c.rwc.SetReadDeadline(time.Now().Add(d))
+			}
+		}
+		searched = c.w - c.r
+		c.makeRoom()
+		n, err := c.rwc.Read(c.buf[c.w:])
+		c.w += n
+		if err != nil && n == 0 {
+			return head{}, err
+		}
+	}
+}
+
+// waitRequest waits, idle, for the first bytes of a request.
+func (c *conn) waitRequest() error {
+	if d := c.srv.std.IdleTimeout; d > 0 {
+		c.rwc.SetReadDeadline(time.Now().Add(d))
+	}
+	if !c.state.CompareAndSwap(stateActive, stateIdle) || c.srv.closing.Load() {
+		return net.ErrClosed
+	}
+	n, err := c.rwc.Read(c.buf)
+	if !c.state.CompareAndSwap(stateIdle, stateActive) {
+		return net.ErrClosed // Shutdown closed it
+	}
+	c.w = n
+	if n == 0 {
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return err
+	}
+	if c.srv.std.IdleTimeout > 0 {
+		c.rwc.SetReadDeadline(time.Time{})
+	}
+	return nil
+}
+
+// makeRoom makes room at buf[w:] for another read: it moves what is
+// unread to the front, or grows buf up to the head limit.
+func (c *conn) makeRoom() {
+	if c.w < len(c.buf) {
+		return
+	}
+	if c.r > 0 {
+		c.w = copy(c.buf, c.buf[c.r:c.w])
+		c.r = 0
+		return
+	}
+	nb := make([]byte, min(2*len(c.buf), c.maxHead()+1))
+	c.w = copy(nb, c.buf[c.r:c.w])
+	c.r = 0
+	c.buf = nb
+}
+
+// handOff gives the connection, with what was read of it, to the wrapped
+// server.
+func (c *conn) handOff() bool {
+	pending := append([]byte(nil), c.buf[c.r:c.w]...)
+	c.buf = nil
+	return c.srv.handoff.give(&replayConn{Conn: c.rwc, pending: pending})
+}
+
+// serveRequest answers one request; it reports whether the connection can
+// carry another.
+func (c *conn) serveRequest(h *head) bool {
+	ctx, cancel := context.WithCancel(c.ctx)
+	c.cancel = cancel
+	var reqBody io.ReadCloser = http.NoBody
+	if h.contentLength > 0 {
+		c.body.remain = h.contentLength
+		reqBody = &c.body
+	}
+	c.body.err = nil
+	r := http.Request{
+		Method:        h.method,
+		URL:           h.url,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h.header,
+		Body:          reqBody,
+		ContentLength: h.contentLength,
+		Host:          h.host,
+		RemoteAddr:    c.remote,
+		RequestURI:    h.target,
+		Close:         h.close,
+	}
+	req := r.WithContext(ctx)
+	if c.header == nil {
+		c.header = make(http.Header)
+	}
+	w := &c.resp
+	w.reset(c, req, c.header)
+	c.armWatch(h.contentLength == 0)
+
+	aborted := c.runHandler(w, req)
+	cancel()
+	c.stopWatch()
+	if aborted {
+		return false
+	}
+	w.finish()
+	if w.err != nil || w.closeAfter || c.gone {
+		return false
+	}
+	w.release()
+	clear(c.header)
+	return !c.srv.closing.Load()
+}
+
+// runHandler runs the handler; aborted reports a panic, after which the
+// answer is cut off (http.ErrAbortHandler is how a handler asks for that).
+func (c *conn) runHandler(w *response, req *http.Request) (aborted bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				c.srv.logf("http: panic serving %s: %v\n%s", c.remote, v, stack())
+			}
+			aborted = true
+		}
+	}()
+	c.srv.std.Handler.ServeHTTP(w, req)
+	return false
+}
+
+// discardBody reads and drops what the handler has not read of the body,
+// up to maxDiscardBody, as net/http does when the answer's head is
+// written: a client that sends its whole request before it reads the
+// answer would otherwise be stuck. It reports whether the connection can
+// carry another request: not after a failed body read, nor past the limit.
+func (c *conn) discardBody() bool {
+	if c.body.err != nil || c.body.remain >= maxDiscardBody {
+		return false
+	}
+	if c.body.remain > 0 {
+		io.Copy(io.Discard, &c.body)
+	}
+	return c.body.err == nil && c.body.remain == 0
+}
+
+func stack() []byte {
+	buf := make([]byte, 64<<10)
+	return buf[:runtime.Stack(buf, false)]
+}
+
+// body is a request body of known length, read from the connection's
+// buffer, then from the connection.
+type body struct {
+	c      *conn
+	remain int64
+	err    error
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	if b.remain == 0 {
+		return 0, io.EOF
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	c := b.c
+	if int64(len(p)) > b.remain {
+		p = p[:b.remain]
+	}
+	var n int
+	if c.r < c.w {
+		n = copy(p, c.buf[c.r:c.w])
+		c.r += n
+	} else {
+		var err error
+		n, err = c.rwc.Read(p)
+		if err != nil && n == 0 {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			b.err = err
+			return 0, err
+		}
+	}
+	b.remain -= int64(n)
+	if b.remain == 0 {
+		c.bodyRead()
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Close is a no-op: the unread rest of a body is dropped, or the
+// connection closed, once the handler has returned.
+func (b *body) Close() error { return nil }

@@ -1,0 +1,152 @@
+package h1
+
+import (
+	"bufio"
+	"net/http"
+	"net/textproto"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// parseSeeds are request heads the fast path takes, and some it leaves.
+var parseSeeds = []string{
+	"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: abc\r\nContent-Length: 42\r\n\r\n",
+	"GET /mcp HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\nmcp-session-id: s1\r\nlast-event-id: 7\r\n\r\n",
+	"DELETE /mcp?x=1&y=%20 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+	"GET /a%2Fb HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET /a!b HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET /? HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET //x HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nX-Very-Long-Header-Name-That-Is-Not-Common: v\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nX-A:   spaced\t \r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+	"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+	"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+	"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n",
+	"GET / HTTP/1.0\r\nHost: x\r\n\r\n",
+	"GET / HTTP/1.1\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n folded\r\n\r\n",
+	"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+	"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+	"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nX: \x01\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",
+	"OPTIONS /mcp HTTP/1.1\r\nHost: [::1]:80\r\nOrigin: http://a\r\n\r\n",
+}
+
+// FuzzParseHead checks the fast path against net/http: a head it parses
+// must be one net/http's server accepts, read into the same request.
+func FuzzParseHead(f *testing.F) {
+	for _, s := range parseSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		end, bare := headEnd([]byte(in), 0)
+		if bare || end < 0 {
+			return
+		}
+		in = in[:end]
+		got, ok := parseHead(in)
+		if !ok {
+			return
+		}
+		want, err := http.ReadRequest(bufio.NewReader(strings.NewReader(in)))
+		if err != nil {
+			t.Fatalf("fast path took %q, net/http refuses it: %v", in, err)
+		}
+		if reason := serverRefuses(in, want); reason != "" {
+			t.Fatalf("fast path took %q, net/http's server refuses it: %s", in, reason)
+		}
+		if got.method != want.Method || got.target != want.RequestURI || got.host != want.Host ||
+			got.contentLength != want.ContentLength || got.close != want.Close {
+			t.Fatalf("%q:\nfast    %s %s host %q len %d close %v\nnet/http %s %s host %q len %d close %v", in,
+				got.method, got.target, got.host, got.contentLength, got.close,
+				want.Method, want.RequestURI, want.Host, want.ContentLength, want.Close)
+		}
+		if *got.url != *want.URL {
+			t.Fatalf("%q: URL %#v, net/http %#v", in, *got.url, *want.URL)
+		}
+		if !reflect.DeepEqual(got.header, want.Header) {
+			t.Fatalf("%q: header %q, net/http %q", in, got.header, want.Header)
+		}
+		if len(want.TransferEncoding) > 0 || want.ProtoMinor != 1 {
+			t.Fatalf("%q: net/http reads %v %s", in, want.TransferEncoding, want.Proto)
+		}
+	})
+}
+
+// serverRefuses is what net/http's server (not ReadRequest, which drops
+// the Host header) checks of a request before its handler runs.
+func serverRefuses(in string, r *http.Request) string {
+	tp := textproto.NewReader(bufio.NewReader(strings.NewReader(in)))
+	tp.ReadLine()
+	raw, _ := tp.ReadMIMEHeader()
+	if hosts := raw["Host"]; len(hosts) != 1 || !httpguts.ValidHostHeader(hosts[0]) {
+		return "Host"
+	}
+	for k, vv := range r.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return "header name " + k
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return "header value of " + k
+			}
+		}
+	}
+	if r.Header.Get("Expect") != "" {
+		return "Expect"
+	}
+	return ""
+}
+
+// TestParseSeeds pins which seeds the fast path takes.
+func TestParseSeeds(t *testing.T) {
+	fast := map[int]bool{0: true, 1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true, 10: true, 23: true, 24: true}
+	for i, s := range parseSeeds {
+		end, bare := headEnd([]byte(s), 0)
+		_, ok := parseHead(s[:max(end, 0)])
+		ok = ok && !bare && end == len(s)
+		if ok != fast[i] {
+			t.Errorf("seed %d %q: fast %v, want %v", i, s, ok, fast[i])
+		}
+	}
+}
+
+func TestHeadEnd(t *testing.T) {
+	for _, tc := range []struct {
+		in        string
+		from, end int
+		bare      bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0, 27, false},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET", 0, 27, false},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r", 0, -1, false},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 25, 27, false}, // the blank line split across reads
+		{"GET / HTTP/1.1\nHost: x\n\n", 0, -1, true},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n\nbody", 0, 27, false}, // a body's LF is not the head's
+		{"\n", 0, -1, true},
+	} {
+		end, bare := headEnd([]byte(tc.in), tc.from)
+		if end != tc.end || bare != tc.bare {
+			t.Errorf("headEnd(%q, %d) = %d, %v; want %d, %v", tc.in, tc.from, end, bare, tc.end, tc.bare)
+		}
+	}
+}
+
+func TestCanonicalKey(t *testing.T) {
+	for _, k := range []string{"content-type", "CONTENT-TYPE", "Content-Type", "mcp-session-id", "x-custom-thing", "X-Custom-Thing", "a", "x_y", "-x-", strings.Repeat("ab-", 30)} {
+		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { canonicalKey("mcp-session-id") }); n != 0 {
+		t.Errorf("canonicalKey of a common key in lower case: %v allocations, want 0", n)
+	}
+}

@@ -1,0 +1,274 @@
+// Package h1 serves the client side of tether's HTTP/1.1 connections.
+//
+// net/http's server costs a proxy more than the proxy's own work: a second
+// goroutine per request that reads ahead to notice a client leaving (a
+// wake-up, a read and a context switch each), a textproto header parse
+// that allocates per key, and a response writer in three layers. Server
+// serves the common request itself, on the connection's goroutine, with
+// one read for a request that arrives whole and one write for an answer
+// that completes at once, and hands every other connection to the
+// net/http server it wraps: h2c, and any HTTP/1.1 request of another
+// shape (chunked bodies, Expect, Upgrade, HTTP/1.0, malformed input). So
+// net/http still answers every edge case, and its limits, timeouts and
+// handler are the configuration of both.
+package h1
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Server serves HTTP/1.1 connections of a listener, and hands those it does
+// not serve to the net/http server it wraps.
+type Server struct {
+	std *http.Server
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	handoff   *handoffListener
+	fallback  chan error // Serve's return value of the wrapped server
+	closing   atomic.Bool
+
+	// watchDelay is clientWatchDelay; tests shorten it.
+	watchDelay time.Duration
+}
+
+// Wrap returns a Server that serves with std's Handler and the limits of
+// std: ReadHeaderTimeout (from a request's first byte to the end of its
+// head), IdleTimeout (between requests), MaxHeaderBytes, BaseContext and
+// ErrorLog (a handler's panic). std serves the connections handed over;
+// it must not be served or shut down by the caller, only through the
+// returned Server. ReadTimeout and WriteTimeout must be zero (the fast
+// path has none: its answers are SSE streams that live for hours).
+func Wrap(std *http.Server) *Server {
+	return &Server{
+		std:       std,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*conn]struct{}),
+
+		watchDelay: clientWatchDelay,
+	}
+}
+
+// Serve accepts connections on ln until it fails or the server is shut
+// down; it then returns http.ErrServerClosed (after Shutdown or Close) or
+// the listener's error. Serve may be called once.
+func (s *Server) Serve(ln net.Listener) error {
+	if s.std.ReadTimeout != 0 || s.std.WriteTimeout != 0 {
+		return errors.New("h1: the wrapped server must have no ReadTimeout or WriteTimeout")
+	}
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		ln.Close()
+		return http.ErrServerClosed
+	}
+	if s.handoff != nil {
+		s.mu.Unlock()
+		return errors.New("h1: Serve called twice")
+	}
+	s.listeners[ln] = struct{}{}
+	s.handoff = newHandoffListener(ln.Addr())
+	s.fallback = make(chan error, 1)
+	s.mu.Unlock()
+	go func() { s.fallback <- s.std.Serve(s.handoff) }()
+
+	base := context.Background()
+	if s.std.BaseContext != nil {
+		base = s.std.BaseContext(ln)
+	}
+	// Handlers find the server as net/http's own put it there.
+	base = context.WithValue(base, http.ServerContextKey, s.std)
+
+	var backoff time.Duration
+	for {
+		rw, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return http.ErrServerClosed
+			}
+			if retryableAccept(err) {
+				// As net/http: out of descriptors is not fatal; wait for
+				// some to be released.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.logf("h1: accept error: %v; retrying in %v", err, backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		c := newConn(s, rw, base)
+		if !s.track(c) {
+			rw.Close()
+			return http.ErrServerClosed
+		}
+		go c.serve()
+	}
+}
+
+// Shutdown stops accepting, closes the idle connections, and waits for the
+// others to finish their requests (and the handed-over connections, as
+// net/http's Shutdown does) or for ctx to end, whose error it then
+// returns. Connections still busy then are left to Close.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.closeListeners()
+	stdDone := make(chan error, 1)
+	go func() { stdDone <- s.std.Shutdown(ctx) }()
+
+	tick := time.NewTicker(shutdownPoll)
+	defer tick.Stop()
+	for {
+		if s.closeIdle() == 0 {
+			select {
+			case err := <-stdDone:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// shutdownPoll is how often Shutdown looks for connections that went idle.
+const shutdownPoll = 10 * time.Millisecond
+
+// Close closes the listeners and every connection at once.
+func (s *Server) Close() error {
+	s.closing.Store(true)
+	s.closeListeners()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.state.Store(stateClosed)
+		c.rwc.Close()
+	}
+	s.mu.Unlock()
+	return s.std.Close()
+}
+
+func (s *Server) closeListeners() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ln := range s.listeners {
+		ln.Close()
+		delete(s.listeners, ln)
+	}
+	if s.handoff == nil {
+		// Never served: the wrapped server has no listener to stop.
+		s.handoff = newHandoffListener(nil)
+		s.handoff.Close()
+	}
+}
+
+// closeIdle closes the connections waiting for a request and returns how
+// many connections remain.
+func (s *Server) closeIdle() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.state.CompareAndSwap(stateIdle, stateClosed) {
+			c.rwc.Close()
+			delete(s.conns, c)
+		}
+	}
+	return len(s.conns)
+}
+
+func (s *Server) track(c *conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.std.ErrorLog != nil {
+		s.std.ErrorLog.Printf(format, args...)
+	}
+}
+
+// retryableAccept reports an accept error that passes: out of descriptors
+// (some are released as connections close), a connection reset before it
+// was accepted.
+func retryableAccept(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() ||
+		errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// handoffListener is the wrapped server's listener: Accept returns the
+// connections the fast path hands over.
+type handoffListener struct {
+	addr  net.Addr
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newHandoffListener(addr net.Addr) *handoffListener {
+	return &handoffListener{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *handoffListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handoffListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *handoffListener) Addr() net.Addr { return l.addr }
+
+// give hands c to the wrapped server; false if it has stopped.
+func (l *handoffListener) give(c net.Conn) bool {
+	select {
+	case l.conns <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+// replayConn is a connection handed over with the bytes already read from
+// it, which its first reads return.
+type replayConn struct {
+	net.Conn
+	pending []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}

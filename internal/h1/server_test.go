@@ -1,0 +1,398 @@
+package h1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
+)
+
+// echo answers with the request as the handler saw it, and its body.
+func echo(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	fmt.Fprintf(w, "%s %s %s body=%q", r.Method, r.URL, r.Proto, body)
+}
+
+// TestHandedOver sends what the fast path leaves to net/http, and checks
+// net/http's answer arrives.
+func TestHandedOver(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(echo), func(std *http.Server, _ *Server) {
+		std.MaxHeaderBytes = 1 << 10
+		var p http.Protocols
+		p.SetHTTP1(true)
+		p.SetUnencryptedHTTP2(true)
+		std.Protocols = &p
+	})
+	for _, tc := range []struct{ name, req, want string }{
+		{"chunked body", "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", `POST /c HTTP/1.1 body="abc"`},
+		{"HTTP/1.0", "GET /old HTTP/1.0\r\n\r\n", `GET /old HTTP/1.0 body=""`},
+		{"bare LF", "GET /lf HTTP/1.1\nHost: x\n\n", `GET /lf HTTP/1.1 body=""`},
+		{"absolute form", "GET http://x/abs HTTP/1.1\r\nHost: x\r\n\r\n", `GET http://x/abs HTTP/1.1 body=""`},
+		{"no Host", "GET / HTTP/1.1\r\n\r\n", "400 Bad Request"},
+		{"malformed", "GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "400 Bad Request"},
+		{"head too large", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", "431 Request Header Fields Too Large"},
+		{"after a fast request", "GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.0\r\n\r\n", `GET /slow HTTP/1.0 body=""`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			io.WriteString(c, tc.req)
+			if cw, ok := c.(*net.TCPConn); ok && !strings.Contains(tc.req, "/fast") {
+				cw.CloseWrite()
+			}
+			all, _ := io.ReadAll(c)
+			if !bytes.Contains(all, []byte(tc.want)) {
+				t.Errorf("answer %q, want it to contain %q", all, tc.want)
+			}
+		})
+	}
+
+	t.Run("Expect", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/e", strings.NewReader("body"))
+		req.Header.Set("Expect", "100-continue")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if b, _ := io.ReadAll(resp.Body); string(b) != `POST /e HTTP/1.1 body="body"` {
+			t.Errorf("answer %q", b)
+		}
+	})
+	t.Run("h2c", func(t *testing.T) {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		client := &http.Client{Transport: &http.Transport{Protocols: &p}}
+		defer client.CloseIdleConnections()
+		resp, err := client.Post("http://"+addr+"/h2", "text/plain", strings.NewReader("two"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if b, _ := io.ReadAll(resp.Body); string(b) != `POST /h2 HTTP/2.0 body="two"` {
+			t.Errorf("answer %q", b)
+		}
+	})
+}
+
+// TestKeepAliveAndPipelining: requests in one write are answered in order
+// on one connection.
+func TestKeepAliveAndPipelining(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(echo))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	var reqs strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&reqs, "POST /%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n%d", i, i%10)
+	}
+	io.WriteString(c, reqs.String())
+	br := bufio.NewReader(c)
+	for i := range 20 {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if want := fmt.Sprintf(`POST /%d HTTP/1.1 body="%d"`, i, i%10); string(b) != want {
+			t.Fatalf("answer %d: %q, want %q", i, b, want)
+		}
+	}
+}
+
+// TestClientLeavingCancelsTheRequest: a client that closes its connection
+// while its request runs cancels the request's context, with a body read
+// or without.
+func TestClientLeavingCancelsTheRequest(t *testing.T) {
+	for _, req := range []string{
+		"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST /call HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		started, cancelled := make(chan struct{}), make(chan struct{})
+		addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.ReadAll(r.Body)
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			close(started)
+			<-r.Context().Done()
+			close(cancelled)
+		}))
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, req)
+		<-started
+		c.Close()
+		select {
+		case <-cancelled:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%q: the request's context was not cancelled after the client left", req)
+		}
+	}
+}
+
+// TestWatchKeepsAPipelinedByte: the watch's read takes the first byte of
+// a request pipelined behind a slow one; that request is still served
+// whole.
+func TestWatchKeepsAPipelinedByte(t *testing.T) {
+	watching := make(chan struct{})
+	var srv *Server
+	var once sync.Once
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body) // the watch starts once the body is read
+		if r.URL.Path == "/slow" {
+			c := onlyConn(srv)
+			waitFor(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.watch == watchReading })
+			once.Do(func() { close(watching) })
+			waitFor(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.hasPeeked })
+		}
+		fmt.Fprintf(w, "%s %s %s body=%q", r.Method, r.URL, r.Proto, body)
+	}), func(_ *http.Server, s *Server) { s.watchDelay = time.Millisecond })
+	srv = s
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
+	<-watching
+	io.WriteString(c, "POST /next HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb")
+	br := bufio.NewReader(c)
+	for _, want := range []string{`POST /slow HTTP/1.1 body="a"`, `POST /next HTTP/1.1 body="b"`} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != want {
+			t.Errorf("answer %q, want %q", b, want)
+		}
+	}
+}
+
+// onlyConn is the server's one connection.
+func onlyConn(s *Server) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		return c
+	}
+	return nil
+}
+
+// waitFor polls cond off the test goroutine, where testkit.Eventually
+// cannot fail the test; the test's own deadline catches a hang.
+func waitFor(cond func() bool) {
+	for deadline := time.Now().Add(20 * time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestShutdown: idle connections are closed, a request in flight finishes
+// with "Connection: close", and new connections are refused.
+func TestShutdown(t *testing.T) {
+	release := make(chan struct{})
+	inHandler := make(chan struct{})
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(inHandler)
+			<-release
+		}
+		io.WriteString(w, "done")
+	}))
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	idle.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	idleBR := bufio.NewReader(idle)
+	if resp, err := http.ReadResponse(idleBR, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		io.ReadAll(resp.Body)
+	}
+
+	busy, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busy.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-inHandler
+
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	if _, err := idleBR.ReadByte(); err == nil {
+		t.Error("the idle connection got data instead of being closed")
+	}
+	testkit.Eventually(t, 20*time.Second, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, "the listener still accepts")
+	close(release)
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "done" || !resp.Close {
+		t.Errorf("answer %q close %v, want done and Connection: close", b, resp.Close)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// TestShutdownDeadline: a stream still open when Shutdown's context ends
+// makes it return the context's error; Close then cuts it.
+func TestShutdownDeadline(t *testing.T) {
+	streaming := make(chan struct{})
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.(http.Flusher).Flush()
+		close(streaming)
+		<-r.Context().Done()
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-streaming
+	ctx, cancel := context.WithCancel(context.Background())
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(ctx) }()
+	cancel()
+	if err := <-shut; !errors.Is(err, context.Canceled) {
+		t.Errorf("Shutdown: %v, want context.Canceled", err)
+	}
+	s.Close()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Errorf("after Close the stream did not end: %v", err)
+	}
+}
+
+// TestTimeouts: a connection idle past IdleTimeout, or whose head is not
+// whole within ReadHeaderTimeout, is closed.
+func TestTimeouts(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(echo), func(std *http.Server, _ *Server) {
+		std.IdleTimeout = 50 * time.Millisecond
+		std.ReadHeaderTimeout = 50 * time.Millisecond
+	})
+	for _, first := range []string{"", "GET / HTTP/1.1\r\nHost"} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, first)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil || len(got) != 0 {
+			t.Errorf("after %q: read %q, %v; want the connection closed", first, got, err)
+		}
+		c.Close()
+	}
+}
+
+// TestBodyDeadline: http.ResponseController's read deadline bounds the
+// body's reads, and the connection is not reused after it fired.
+func TestBodyDeadline(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, "slow body", http.StatusRequestTimeout)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestTimeout || !resp.Close {
+		t.Errorf("status %d close %v, want 408 and the connection closed", resp.StatusCode, resp.Close)
+	}
+}
+
+// TestContextAndPanics: the request's context carries the base context
+// and the server; a handler's panic is logged and ends its connection
+// only.
+func TestContextAndPanics(t *testing.T) {
+	type key struct{}
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	var std *http.Server
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/panic" {
+			panic("boom")
+		}
+		fmt.Fprintf(w, "%v %v", r.Context().Value(key{}), r.Context().Value(http.ServerContextKey) == std)
+	}), func(s *http.Server, _ *Server) {
+		std = s
+		s.BaseContext = func(net.Listener) context.Context { return context.WithValue(context.Background(), key{}, "base") }
+		s.ErrorLog = log.New(lockedWriter{&logMu, &logged}, "", 0)
+	})
+	if _, err := http.Get("http://" + addr + "/panic"); err == nil {
+		t.Error("a panicking handler's request got an answer")
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); string(b) != "base true" {
+		t.Errorf("context values %q, want \"base true\"", b)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if !strings.Contains(logged.String(), "panic serving") || !strings.Contains(logged.String(), "boom") {
+		t.Errorf("log %q does not report the panic", logged.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
