@@ -59,74 +59,36 @@ var commonKeys = func() map[string]string {
 // map entries).
 const maxHeaderLines = 256
 
-// parseHead parses the request head in b, which ends with the blank line
-// ("\r\n\r\n"). block is b as one string: the header values and the keys
-// already in canonical form are substrings of it, not allocations. ok is
-// false when the request is not of the fast shape, or is malformed:
-// net/http is to answer it.
+// parseHead parses a request head: block is the head as one string,
+// through the blank line that ends it. ok is false when the request is not
+// of the fast shape, or is malformed: net/http is to answer it.
 func parseHead(block string) (h head, ok bool) {
 	line, rest, _ := strings.Cut(block, "\r\n")
 	if h, ok = parseRequestLine(line); !ok {
 		return head{}, false
 	}
-	n := strings.Count(rest, "\r\n") - 1 // header lines; the blank one ends the head
-	if n > maxHeaderLines {
+	if h.header, ok = ParseFields(rest); !ok {
 		return head{}, false
 	}
-	h.header = make(http.Header, n)
-	// One backing array for the values, as net/http's textproto does: a key
-	// seen once (almost every key) costs no slice allocation of its own.
-	values := make([]string, n)
-	hosts := 0
-	for i := 0; ; i++ {
-		line, rest, _ = strings.Cut(rest, "\r\n")
-		if line == "" {
-			break
-		}
-		k, v, found := strings.Cut(line, ":")
-		if !found || !httpguts.ValidHeaderFieldName(k) {
-			// No colon, a space before it (RFC 9112 §5.1 says reject), an
-			// obsolete line fold (a line starting with a space), a bad name.
-			return head{}, false
-		}
-		v = strings.Trim(v, " \t")
-		if !httpguts.ValidHeaderFieldValue(v) || strings.IndexByte(v, '\n') >= 0 {
-			return head{}, false
-		}
-		key := canonicalKey(k)
-		switch key {
-		case "Host":
-			hosts++
-			h.host = v
-		case "Content-Length":
-			if _, dup := h.header[key]; dup {
-				return head{}, false
-			}
-			cl, err := strconv.ParseUint(v, 10, 63)
-			if err != nil || v == "" || v[0] == '+' {
-				return head{}, false
-			}
-			h.contentLength = int64(cl)
-		case "Transfer-Encoding", "Expect", "Upgrade":
+	for _, k := range []string{"Transfer-Encoding", "Expect", "Upgrade"} {
+		if _, ok := h.header[k]; ok {
 			// Chunked bodies, 100-continue, protocol switches: net/http's.
 			return head{}, false
-		case "Connection":
-			if httpguts.HeaderValuesContainsToken([]string{v}, "close") {
-				h.close = true
-			}
 		}
-		if vv := h.header[key]; vv != nil {
-			h.header[key] = append(vv, v)
-			continue
-		}
-		values[i] = v
-		h.header[key] = values[i : i+1 : i+1]
 	}
-	if hosts != 1 || !httpguts.ValidHostHeader(h.host) {
+	hosts := h.header["Host"]
+	if len(hosts) != 1 || !httpguts.ValidHostHeader(hosts[0]) {
 		return head{}, false
 	}
 	// As net/http's server: the Host header moves to Request.Host.
+	h.host = hosts[0]
 	delete(h.header, "Host")
+	if cl, ok := h.header["Content-Length"]; ok {
+		if h.contentLength, ok = parseContentLength(cl); !ok {
+			return head{}, false
+		}
+	}
+	h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
 	// As net/http's ReadRequest: HTTP/1.0's "Pragma: no-cache" means
 	// "Cache-Control: no-cache" when the latter is absent.
 	if p := h.header["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
@@ -135,6 +97,60 @@ func parseHead(block string) (h head, ok bool) {
 		}
 	}
 	return h, true
+}
+
+// parseContentLength parses a Content-Length field: one value, digits
+// only (a repeated field is left to net/http, which accepts equal copies).
+func parseContentLength(vv []string) (int64, bool) {
+	if len(vv) != 1 {
+		return 0, false
+	}
+	v := vv[0]
+	if v == "" || v[0] < '0' || v[0] > '9' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 63)
+	return int64(n), err == nil
+}
+
+// ParseFields parses header fields: "Name: value" lines ended by CRLF,
+// through the blank line that ends them (rest of a head after its first
+// line). Keys are made canonical (without an allocation for a key already
+// canonical or commonly sent); values are trimmed substrings of fields.
+// ok is false for anything RFC 9112 §5 lets a recipient reject: a name
+// that is not a token, a space before the colon, an obsolete line fold, a
+// value with control characters; and for more than maxHeaderLines fields.
+func ParseFields(fields string) (h http.Header, ok bool) {
+	n := strings.Count(fields, "\r\n") - 1 // the blank line ends the fields
+	if n < 0 || n > maxHeaderLines {
+		return nil, false
+	}
+	h = make(http.Header, n)
+	// One backing array for the values, as net/http's textproto does: a key
+	// seen once (almost every key) costs no slice allocation of its own.
+	values := make([]string, n)
+	for i := 0; ; i++ {
+		line, rest, _ := strings.Cut(fields, "\r\n")
+		fields = rest
+		if line == "" {
+			return h, true
+		}
+		k, v, found := strings.Cut(line, ":")
+		if !found || !httpguts.ValidHeaderFieldName(k) {
+			return nil, false
+		}
+		v = strings.Trim(v, " \t")
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return nil, false
+		}
+		key := canonicalKey(k)
+		if vv := h[key]; vv != nil {
+			h[key] = append(vv, v)
+			continue
+		}
+		values[i] = v
+		h[key] = values[i : i+1 : i+1]
+	}
 }
 
 // parseRequestLine parses "METHOD /target HTTP/1.1".
