@@ -35,7 +35,7 @@ type harness struct {
 	mem      *session.Memory // the store, when it is the memory store
 	cache    *session.Cache  // the store, when it is Redis behind a cache
 	proxy    *proxy.Proxy
-	front    *httptest.Server
+	front    *testkit.Front
 	metrics  *telemetry.Metrics // set with harnessOptions.metrics
 }
 
@@ -148,8 +148,7 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	if o.loadSync > 0 {
 		go h.proxy.RunLoadSync(ctx, o.loadSync)
 	}
-	h.front = httptest.NewServer(h.proxy)
-	t.Cleanup(h.front.Close)
+	h.front = testkit.StartFront(t, h.proxy, nil)
 	return h
 }
 

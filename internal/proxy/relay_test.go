@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // Every event reaches the client before the backend writes the next one:
@@ -191,10 +193,7 @@ func TestCompleteAnswerInOneWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			cl := &countingListener{Listener: ln}
-			front := httptest.NewUnstartedServer(h.proxy)
-			front.Listener = cl
-			front.Start()
-			t.Cleanup(front.Close)
+			front := testkit.StartFront(t, h.proxy, cl)
 
 			for i := range 3 {
 				before := cl.writes.Load()

@@ -108,7 +108,6 @@ func TestReplicasShareSessions(t *testing.T) {
 		clients = append(clients, c)
 	}
 	// Replica A dies; every session continues through B, on its backend.
-	a.front.CloseClientConnections()
 	a.front.Close()
 	for i, c := range clients {
 		c.tr.use(b)

@@ -6,9 +6,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 )
 
@@ -139,4 +141,39 @@ func Status(url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// Front is a handler served as tether's client listener serves it: through
+// h1 (internal/h1) wrapping a net/http server.
+type Front struct {
+	URL      string       // http://127.0.0.1:port
+	Listener net.Listener // what it accepts on
+	srv      *h1.Server
+	done     chan error
+	once     sync.Once
+}
+
+// StartFront serves h through h1 on ln, or on a free loopback address when
+// ln is nil, until the test ends.
+func StartFront(tb testing.TB, h http.Handler, ln net.Listener) *Front {
+	tb.Helper()
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	f := &Front{URL: "http://" + ln.Addr().String(), Listener: ln, done: make(chan error, 1),
+		srv: h1.Wrap(&http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute})}
+	go func() { f.done <- f.srv.Serve(ln) }()
+	tb.Cleanup(f.Close)
+	return f
+}
+
+// Close stops the listener and cuts every connection at once.
+func (f *Front) Close() {
+	f.once.Do(func() {
+		f.srv.Close()
+		<-f.done
+	})
 }
