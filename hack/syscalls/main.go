@@ -8,7 +8,8 @@
 //	go build -o /tmp/tether ./cmd/tether
 //	go run ./hack/syscalls -tether /tmp/tether -n 1000
 //
-// nanosleep is the Go runtime's sysmon, which sleeps by the clock, not by
+// It also prints the process's heap allocations per follow-up (from
+// /metrics). nanosleep is the Go runtime's sysmon, which sleeps by the clock, not by
 // the request; it is shown, and left out of the second total.
 package main
 
@@ -85,17 +86,25 @@ func run(bin string, n, warm int) error {
 		strace.Process.Kill()
 		return err
 	}
+	before := tetherproc.Scrape(proc.Admin)["go_memstats_mallocs_total"]
 	for range n {
 		if _, err := tetherproc.Post(context.Background(), client, url, sid, call); err != nil {
 			strace.Process.Kill()
 			return err
 		}
 	}
+	mallocs := tetherproc.Scrape(proc.Admin)["go_memstats_mallocs_total"] - before
 	// strace writes its summary on SIGINT, then dies of the signal: the
 	// summary says whether it worked.
 	strace.Process.Signal(os.Interrupt)
 	strace.Wait()
-	return report(out, n)
+	if err := report(out, n); err != nil {
+		return err
+	}
+	// The process's allocations, tether's path and the server's and
+	// client's HTTP plumbing alike (and one /metrics answer).
+	fmt.Printf("%-14s %8.0f %7.1f/req\n", "allocations", mallocs, mallocs/float64(n))
+	return nil
 }
 
 // awaitTraced waits until every thread of pid has a tracer.

@@ -21,7 +21,7 @@ import (
 // testConfig is a server on ephemeral loopback ports in front of the
 // static backends; without backends, its source waits for the end of Run
 // without a snapshot.
-func testConfig(t *testing.T, backends ...string) Config {
+func testConfig(t testing.TB, backends ...string) Config {
 	t.Helper()
 	var src discovery.Source = sourceFunc(func(ctx context.Context, _ func(discovery.Snapshot)) error {
 		<-ctx.Done()
@@ -39,7 +39,7 @@ func testConfig(t *testing.T, backends ...string) Config {
 
 // startServer runs a server with cfg until the test ends and waits until
 // it is ready.
-func startServer(t *testing.T, cfg Config) *Server {
+func startServer(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
