@@ -400,7 +400,7 @@ func TestKubernetesSourceRetries(t *testing.T) {
 		{"watch unknown event", "watch", event(`{"type":"EXPLODED","object":{}}`), `EXPLODED`},
 		{"watch event of the wrong shape", "watch", event(`{"type":"ADDED","object":{"ports":[{"port":"x"}]}}`), "malformed"},
 		{"watch ERROR event", "watch", event(`{"type":"ERROR","object":{"kind":"Status","code":500,"reason":"InternalError","message":"boom"}}`), "boom (500 InternalError)"},
-		{"watch event oversized", "watch", event(`{"type":"ADDED","object":{"metadata":{"name":"`+strings.Repeat("x", 8192)+`"}}}`), "over 1024 bytes"},
+		{"watch event oversized", "watch", event(`{"type":"ADDED","object":{"metadata":{"name":"` + strings.Repeat("x", 8192) + `"}}}`), "over 1024 bytes"},
 		{"watch ended at once", "watch", body(http.StatusOK, ""), "ended the watch at once"},
 	}
 	for _, tt := range tests {
