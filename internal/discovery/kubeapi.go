@@ -111,6 +111,7 @@ type WatchOptions struct {
 	ResourceVersion string
 	// Timeout asks the API server to end the watch after this long
 	// (timeoutSeconds); the client gives up a little later on its own.
+	// Zero means minWatchTimeout.
 	Timeout time.Duration
 }
 
@@ -290,12 +291,11 @@ func (c *apiClient) WatchEndpointSlices(ctx context.Context, namespace string, o
 		"resourceVersion":     {o.ResourceVersion},
 		"allowWatchBookmarks": {"true"},
 	}
-	deadline := watchDeadlineSlack
-	if o.Timeout > 0 {
-		q.Set("timeoutSeconds", strconv.Itoa(int(o.Timeout.Seconds())))
-		deadline += o.Timeout
+	if o.Timeout <= 0 {
+		o.Timeout = minWatchTimeout
 	}
-	wctx, cancel := context.WithTimeout(ctx, deadline)
+	q.Set("timeoutSeconds", strconv.Itoa(max(1, int(o.Timeout.Seconds()))))
+	wctx, cancel := context.WithTimeout(ctx, o.Timeout+watchDeadlineSlack)
 	resp, err := c.get(wctx, c.endpoint(namespace, q))
 	if err != nil {
 		cancel()
@@ -398,6 +398,11 @@ var errTooLarge = errors.New("answer too large")
 
 func (l *limitedReader) Read(p []byte) (int, error) {
 	if l.n >= l.max {
+		// Exactly max bytes and then the end is within the limit.
+		var one [1]byte
+		if n, err := l.r.Read(one[:]); n == 0 && err != nil {
+			return 0, err
+		}
 		l.over = true
 		return 0, errTooLarge
 	}

@@ -105,3 +105,17 @@ func FuzzWatchStream(f *testing.F) {
 		t.Fatalf("%q: more events than bytes", s)
 	})
 }
+
+// The limit counts what is past it: a body of exactly the limit is whole.
+func TestLimitedReader(t *testing.T) {
+	for _, tt := range []struct {
+		body string
+		over bool
+	}{{"12345678", false}, {"123456789", true}, {"", false}} {
+		l := &limitedReader{r: strings.NewReader(tt.body), max: 8}
+		got, err := io.ReadAll(l)
+		if tt.over != (err != nil) || l.over != tt.over {
+			t.Errorf("%q: read %q, %v, over %v; want over %v", tt.body, got, err, l.over, tt.over)
+		}
+	}
+}

@@ -39,7 +39,8 @@ import (
 // plugins are not (they would run or link cloud SDKs in the sidecar): use a
 // ServiceAccount token. A token read from a file (the service account's
 // bound token, a tokenFile) is re-read at most once a minute, as client-go
-// does, because the kubelet rotates it.
+// does, because the kubelet rotates it; certificate and key files are read
+// once.
 //
 // userAgent identifies tether in the API server's logs and audit.
 func KubeClient(kubeconfig, userAgent string) (EndpointSliceClient, error) {
