@@ -16,7 +16,7 @@ import (
 // This file is tether's own Kubernetes API client: the EndpointSlice types
 // it reads, and list and watch of them as JSON over net/http. It replaces
 // client-go, whose rest client, informer and API types cost the sidecar
-// 13 MB of binary and 5.5 MiB of idle RSS for two GET requests.
+// 9 MB of (stripped) binary and 5 MiB of idle RSS for two GET requests.
 
 // The subset of discovery.k8s.io/v1 EndpointSlice tether reads; every other
 // field of the API's JSON is ignored when decoding.
