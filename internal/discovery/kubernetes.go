@@ -210,7 +210,8 @@ func (r *reflector) watch(ctx context.Context) {
 }
 
 // consume applies w's events until it ends; a clean end returns nil.
-func (r *reflector) consume(w EndpointSliceWatch) (events int, err error) {
+func (r *reflector) consume(w EndpointSliceWatch) (int, error) {
+	events := 0
 	for {
 		ev, err := w.Next()
 		if errors.Is(err, io.EOF) {
