@@ -114,7 +114,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 	})
 	for range 5 {
 		if got := tether.status("/readyz"); got != 503 {
-			t.Fatalf("/readyz before the informer synced: %d, want 503", got)
+			t.Fatalf("/readyz before the first list: %d, want 503", got)
 		}
 		if got := tether.status("/healthz"); got != 200 {
 			t.Fatalf("/healthz: %d, want 200", got)
@@ -252,7 +252,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 
 	phase("4 API server down and back")
 
-	// 5. A new endpoint appears after the watch broke: tether's informer
+	// 5. A new endpoint appears after the watch broke: tether's watch
 	// resumed, and the newcomer takes new sessions.
 	must(t, create(ctx, slices, endpointSlice("everything-3", ready(d))))
 	tether.waitLog("d added", 60*time.Second, msgIs("endpoint added", "id", d.endpointID(), "state", "ready"))

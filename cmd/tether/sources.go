@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"k8s.io/klog/v2"
-
 	"github.com/tether-mcp/tether/internal/discovery"
 )
 
@@ -23,9 +21,6 @@ func newSource(cfg config, log *slog.Logger) (discovery.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-port %w", err)
 	}
-	// client-go logs through klog; send it to tether's log instead of raw
-	// stderr lines.
-	klog.SetSlogLogger(log.With("component", "client-go"))
 	client, err := discovery.KubeClient(cfg.Kubeconfig, "tether/"+version)
 	switch {
 	case err != nil && cfg.Kubeconfig != "":

@@ -10,13 +10,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // This file is the pure half of the Kubernetes source: EndpointSlices in,
-// a Snapshot out. No client, no informer, no clock; tested as data.
+// a Snapshot out. No client, no watch, no clock; tested as data.
 
 // ServiceRef names a Service: NAMESPACE/NAME.
 type ServiceRef struct {
@@ -92,11 +89,12 @@ func (p PortSelector) String() string {
 
 // choosePort resolves the selector against one slice's ports. Only TCP ports
 // with a number count (nil protocol means TCP; a nil port number means "all
-// ports" and cannot be dialled).
-func (p PortSelector) choosePort(ports []discoveryv1.EndpointPort) (port discoveryv1.EndpointPort, err error) {
-	var tcp []discoveryv1.EndpointPort
+// ports" and cannot be dialled; a number outside 1..65535, which the API
+// server would not accept, cannot be either).
+func (p PortSelector) choosePort(ports []EndpointPort) (port EndpointPort, err error) {
+	var tcp []EndpointPort
 	for _, pt := range ports {
-		if pt.Port != nil && (pt.Protocol == nil || *pt.Protocol == corev1.ProtocolTCP) {
+		if pt.Port != nil && *pt.Port >= 1 && *pt.Port <= 65535 && (pt.Protocol == nil || *pt.Protocol == ProtocolTCP) {
 			tcp = append(tcp, pt)
 		}
 	}
@@ -171,9 +169,9 @@ type merged struct {
 //   - the ID is targetRef.uid + "/" + host:port ("3f1c.../10.0.0.7:8080"),
 //     or host:port alone without a targetRef: an address reused by a new pod
 //     is a new endpoint.
-func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
-	sorted := slices.DeleteFunc(slices.Clone(in), func(s *discoveryv1.EndpointSlice) bool { return s == nil })
-	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+func mergeSlices(in []*EndpointSlice, sel PortSelector) merged {
+	sorted := slices.DeleteFunc(slices.Clone(in), func(s *EndpointSlice) bool { return s == nil })
+	slices.SortFunc(sorted, func(a, b *EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
 	type candidate struct {
 		ep   Endpoint
@@ -186,7 +184,7 @@ func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 		if len(s.Endpoints) == 0 {
 			continue
 		}
-		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
+		if s.AddressType != AddressTypeIPv4 && s.AddressType != AddressTypeIPv6 {
 			problems[fmt.Sprintf("slice %s: address type %s is not supported (IPv4 and IPv6 are)", s.Name, s.AddressType)] = true
 			continue
 		}
@@ -204,7 +202,7 @@ func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 				continue
 			}
 			ip, err := netip.ParseAddr(e.Addresses[0])
-			if err != nil || ip.Zone() != "" || ip.Is4() != (s.AddressType == discoveryv1.AddressTypeIPv4) {
+			if err != nil || ip.Zone() != "" || ip.Is4() != (s.AddressType == AddressTypeIPv4) {
 				problems[fmt.Sprintf("slice %s: address %q is not an %s address", s.Name, e.Addresses[0], s.AddressType)] = true
 				continue
 			}
@@ -219,7 +217,7 @@ func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 				c.ep.State = Fenced
 			}
 			if ref := e.TargetRef; ref != nil && ref.UID != "" {
-				c.ep.ID = string(ref.UID) + "/" + hostPort
+				c.ep.ID = ref.UID + "/" + hostPort
 				if ref.Name != "" {
 					c.pod = cmp.Or(ref.Namespace, s.Namespace) + "/" + ref.Name
 				}
@@ -250,7 +248,7 @@ func mergeSlices(in []*discoveryv1.EndpointSlice, sel PortSelector) merged {
 }
 
 // rankOf applies the API's nil rules: 2 Ready, 1 Fenced, 0 left out.
-func rankOf(c discoveryv1.EndpointConditions) int {
+func rankOf(c EndpointConditions) int {
 	ready := c.Ready == nil || *c.Ready
 	serving := c.Serving == nil || *c.Serving
 	terminating := c.Terminating != nil && *c.Terminating

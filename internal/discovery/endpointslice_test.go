@@ -7,10 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // Builders for slices written as data.
@@ -43,42 +39,42 @@ func ips(addrs ...string) []ep {
 	return out
 }
 
-func port(name string, n int32) discoveryv1.EndpointPort {
-	p := discoveryv1.EndpointPort{Port: ptr(n), Protocol: ptr(corev1.ProtocolTCP)}
+func port(name string, n int32) EndpointPort {
+	p := EndpointPort{Port: ptr(n), Protocol: ptr(ProtocolTCP)}
 	if name != "" {
 		p.Name = ptr(name)
 	}
 	return p
 }
 
-func slice(name string, at discoveryv1.AddressType, ports []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
-	s := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
+func slice(name string, at string, ports []EndpointPort, eps ...ep) *EndpointSlice {
+	s := &EndpointSlice{
+		ObjectMeta: ObjectMeta{
 			Name:      name,
 			Namespace: "mcp",
-			Labels:    map[string]string{discoveryv1.LabelServiceName: "everything"},
+			Labels:    map[string]string{LabelServiceName: "everything"},
 		},
 		AddressType: at,
 		Ports:       ports,
 	}
 	for _, e := range eps {
-		d := discoveryv1.Endpoint{
+		d := SliceEndpoint{
 			Addresses:  []string{e.addr},
-			Conditions: discoveryv1.EndpointConditions{Ready: e.c.ready, Serving: e.c.serving, Terminating: e.c.terminating},
+			Conditions: EndpointConditions{Ready: e.c.ready, Serving: e.c.serving, Terminating: e.c.terminating},
 		}
 		if e.uid != "" {
-			d.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "mcp", Name: "pod-" + e.addr, UID: types.UID(e.uid)}
+			d.TargetRef = &ObjectReference{Kind: "Pod", Namespace: "mcp", Name: "pod-" + e.addr, UID: e.uid}
 		}
 		s.Endpoints = append(s.Endpoints, d)
 	}
 	return s
 }
 
-func v4(name string, ports []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
-	return slice(name, discoveryv1.AddressTypeIPv4, ports, eps...)
+func v4(name string, ports []EndpointPort, eps ...ep) *EndpointSlice {
+	return slice(name, AddressTypeIPv4, ports, eps...)
 }
 
-var mcpPort = []discoveryv1.EndpointPort{port("mcp", 8080)}
+var mcpPort = []EndpointPort{port("mcp", 8080)}
 
 // want describes an expected endpoint as "ID URL state".
 func summarize(s Snapshot) []string {
@@ -92,7 +88,7 @@ func summarize(s Snapshot) []string {
 func TestMergeSlices(t *testing.T) {
 	tests := []struct {
 		name         string
-		slices       []*discoveryv1.EndpointSlice
+		slices       []*EndpointSlice
 		port         PortSelector
 		want         []string
 		wantProblems []string // substrings, one per problem
@@ -104,7 +100,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name:   "one slice, the only port, nil conditions are ready",
-			slices: []*discoveryv1.EndpointSlice{v4("a", mcpPort, ips("10.0.0.2", "10.0.0.1")...)},
+			slices: []*EndpointSlice{v4("a", mcpPort, ips("10.0.0.2", "10.0.0.1")...)},
 			want: []string{
 				"uid-10.0.0.1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
 				"uid-10.0.0.2/10.0.0.2:8080 http://10.0.0.2:8080 ready",
@@ -112,7 +108,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "several slices merge",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				v4("b", mcpPort, ips("10.0.0.3")...),
 				v4("a", mcpPort, ips("10.0.0.1", "10.0.0.2")...),
 				v4("c", mcpPort), // empty slice: no endpoints, no problem
@@ -125,7 +121,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "conditions",
-			slices: []*discoveryv1.EndpointSlice{v4("a", mcpPort,
+			slices: []*EndpointSlice{v4("a", mcpPort,
 				ep{"10.0.0.1", "u1", condReady},
 				ep{"10.0.0.2", "u2", condNotReady},
 				ep{"10.0.0.3", "u3", condTerminating},
@@ -144,7 +140,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "duplicate address across slices: one endpoint",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}),
 				v4("b", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "u2", condReady}),
 			},
@@ -155,7 +151,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "duplicate address: the best state wins, whichever slice has it",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				v4("a", mcpPort, ep{"10.0.0.1", "u1", condNotReady}, ep{"10.0.0.2", "u2", condReady}),
 				v4("b", mcpPort, ep{"10.0.0.1", "u1", condTerminating}, ep{"10.0.0.2", "u2", condGone}),
 			},
@@ -166,7 +162,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "duplicate address with equal state: the first slice by name wins",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				v4("b", mcpPort, ep{"10.0.0.1", "new-pod", condReady}),
 				v4("a", mcpPort, ep{"10.0.0.1", "old-pod", condReady}),
 			},
@@ -174,7 +170,7 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "IP reused by a new pod: the old pod's endpoint is not ready any more, the new one is",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				v4("a", mcpPort, ep{"10.0.0.1", "old-pod", condGone}),
 				v4("b", mcpPort, ep{"10.0.0.1", "new-pod", condReady}),
 			},
@@ -182,13 +178,13 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name:   "no targetRef: the ID is the address",
-			slices: []*discoveryv1.EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "", condReady})},
+			slices: []*EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "", condReady})},
 			want:   []string{"10.0.0.1:8080 http://10.0.0.1:8080 ready"},
 		},
 		{
 			name: "IPv6 and IPv4 slices of a dual-stack Service",
-			slices: []*discoveryv1.EndpointSlice{
-				slice("v6", discoveryv1.AddressTypeIPv6, mcpPort, ep{"fd00:10:244::0b", "u1", condReady}, ep{"fd00:10:244::c", "u2", condTerminating}),
+			slices: []*EndpointSlice{
+				slice("v6", AddressTypeIPv6, mcpPort, ep{"fd00:10:244::0b", "u1", condReady}, ep{"fd00:10:244::c", "u2", condTerminating}),
 				v4("v4", mcpPort, ep{"10.0.0.1", "u1", condReady}),
 			},
 			want: []string{
@@ -199,8 +195,8 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "FQDN slices and bad addresses are skipped with a problem",
-			slices: []*discoveryv1.EndpointSlice{
-				slice("f", discoveryv1.AddressTypeFQDN, mcpPort, ep{"mcp.example.com", "u1", condReady}),
+			slices: []*EndpointSlice{
+				slice("f", AddressTypeFQDN, mcpPort, ep{"mcp.example.com", "u1", condReady}),
 				v4("a", mcpPort, ep{"10.0.0.1", "u2", condReady}, ep{"fd00::1", "u3", condReady}, ep{"not-an-ip", "u4", condReady}),
 			},
 			want: []string{"u2/10.0.0.1:8080 http://10.0.0.1:8080 ready"},
@@ -212,9 +208,9 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "port by name, resolved per slice",
-			slices: []*discoveryv1.EndpointSlice{
-				v4("a", []discoveryv1.EndpointPort{port("metrics", 9090), port("mcp", 8080)}, ips("10.0.0.1")...),
-				v4("b", []discoveryv1.EndpointPort{port("mcp", 3000), port("metrics", 9090)}, ips("10.0.0.2")...),
+			slices: []*EndpointSlice{
+				v4("a", []EndpointPort{port("metrics", 9090), port("mcp", 8080)}, ips("10.0.0.1")...),
+				v4("b", []EndpointPort{port("mcp", 3000), port("metrics", 9090)}, ips("10.0.0.2")...),
 			},
 			port: PortSelector{Name: "mcp"},
 			want: []string{
@@ -224,9 +220,9 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "port by number",
-			slices: []*discoveryv1.EndpointSlice{
-				v4("a", []discoveryv1.EndpointPort{port("metrics", 9090), port("mcp", 8080)}, ips("10.0.0.1")...),
-				v4("b", []discoveryv1.EndpointPort{port("mcp", 3000), port("metrics", 9090)}, ips("10.0.0.2")...),
+			slices: []*EndpointSlice{
+				v4("a", []EndpointPort{port("metrics", 9090), port("mcp", 8080)}, ips("10.0.0.1")...),
+				v4("b", []EndpointPort{port("mcp", 3000), port("metrics", 9090)}, ips("10.0.0.2")...),
 			},
 			port: PortSelector{Number: 9090},
 			want: []string{
@@ -236,22 +232,22 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name:         "no port of that name",
-			slices:       []*discoveryv1.EndpointSlice{v4("a", mcpPort, ips("10.0.0.1")...)},
+			slices:       []*EndpointSlice{v4("a", mcpPort, ips("10.0.0.1")...)},
 			port:         PortSelector{Name: "http"},
 			want:         []string{},
 			wantProblems: []string{`slice a: no TCP port named "http": its TCP ports are mcp=8080`},
 		},
 		{
 			name:         "no port of that number",
-			slices:       []*discoveryv1.EndpointSlice{v4("a", mcpPort, ips("10.0.0.1")...)},
+			slices:       []*EndpointSlice{v4("a", mcpPort, ips("10.0.0.1")...)},
 			port:         PortSelector{Number: 80},
 			want:         []string{},
 			wantProblems: []string{"slice a: no TCP port 80: its TCP ports are mcp=8080"},
 		},
 		{
 			name: "default with two TCP ports is ambiguous: nothing from that slice",
-			slices: []*discoveryv1.EndpointSlice{
-				v4("a", []discoveryv1.EndpointPort{port("mcp", 8080), port("metrics", 9090)}, ips("10.0.0.1")...),
+			slices: []*EndpointSlice{
+				v4("a", []EndpointPort{port("mcp", 8080), port("metrics", 9090)}, ips("10.0.0.1")...),
 				v4("b", mcpPort, ips("10.0.0.2")...),
 			},
 			want:         []string{"uid-10.0.0.2/10.0.0.2:8080 http://10.0.0.2:8080 ready"},
@@ -259,9 +255,9 @@ func TestMergeSlices(t *testing.T) {
 		},
 		{
 			name: "default ignores UDP ports and ports without a number; nil protocol is TCP; unnamed port",
-			slices: []*discoveryv1.EndpointSlice{
-				v4("a", []discoveryv1.EndpointPort{
-					{Name: ptr("dns"), Port: ptr(int32(53)), Protocol: ptr(corev1.ProtocolUDP)},
+			slices: []*EndpointSlice{
+				v4("a", []EndpointPort{
+					{Name: ptr("dns"), Port: ptr(int32(53)), Protocol: ptr("UDP")},
 					{Name: ptr("all")},
 					{Port: ptr(int32(8080))},
 				}, ips("10.0.0.1")...),
@@ -269,24 +265,33 @@ func TestMergeSlices(t *testing.T) {
 			want: []string{"uid-10.0.0.1/10.0.0.1:8080 http://10.0.0.1:8080 ready"},
 		},
 		{
+			name: "port numbers outside 1..65535 cannot be dialled",
+			slices: []*EndpointSlice{v4("a", []EndpointPort{
+				{Name: ptr("zero"), Port: ptr(int32(0))},
+				{Name: ptr("big"), Port: ptr(int32(70000))},
+			}, ips("10.0.0.1")...)},
+			want:         []string{},
+			wantProblems: []string{"slice a: it has no TCP port"},
+		},
+		{
 			name:         "slice without ports",
-			slices:       []*discoveryv1.EndpointSlice{v4("a", nil, ips("10.0.0.1")...)},
+			slices:       []*EndpointSlice{v4("a", nil, ips("10.0.0.1")...)},
 			want:         []string{},
 			wantProblems: []string{"slice a: it has no TCP port"},
 		},
 		{
 			name: "appProtocol https selects the https scheme",
-			slices: []*discoveryv1.EndpointSlice{v4("a", []discoveryv1.EndpointPort{
+			slices: []*EndpointSlice{v4("a", []EndpointPort{
 				{Name: ptr("mcps"), Port: ptr(int32(8443)), AppProtocol: ptr("https")},
 			}, ips("10.0.0.1")...)},
 			want: []string{"uid-10.0.0.1/10.0.0.1:8443 https://10.0.0.1:8443 ready"},
 		},
 		{
 			name: "endpoint without addresses and nil slices are ignored",
-			slices: []*discoveryv1.EndpointSlice{
+			slices: []*EndpointSlice{
 				nil,
-				{ObjectMeta: metav1.ObjectMeta{Name: "a"}, AddressType: discoveryv1.AddressTypeIPv4, Ports: mcpPort,
-					Endpoints: []discoveryv1.Endpoint{{Addresses: nil}}},
+				{ObjectMeta: ObjectMeta{Name: "a"}, AddressType: AddressTypeIPv4, Ports: mcpPort,
+					Endpoints: []SliceEndpoint{{Addresses: nil}}},
 			},
 			want: []string{},
 		},
@@ -317,7 +322,7 @@ func TestMergeSlices(t *testing.T) {
 
 // The pod names ride along for log lines.
 func TestMergeSlicesPods(t *testing.T) {
-	m := mergeSlices([]*discoveryv1.EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "", condReady})}, PortSelector{})
+	m := mergeSlices([]*EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "", condReady})}, PortSelector{})
 	want := map[string]string{"u1/10.0.0.1:8080": "mcp/pod-10.0.0.1"}
 	if diff := cmp.Diff(m.Pods, want); diff != "" {
 		t.Errorf("pods (-got +want):\n%s", diff)

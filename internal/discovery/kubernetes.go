@@ -7,32 +7,20 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"slices"
-	"sync"
-
-	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
+	"time"
 )
 
-// This file is the informer half of the Kubernetes source: it keeps the
-// Service's EndpointSlices by name, fed by a client-go informer, and
-// publishes mergeSlices of them. The merge itself lives in endpointslice.go.
-
-// EndpointSliceClient lists and watches the EndpointSlices of a namespace:
-// the only API calls the Kubernetes source makes. KubeClient returns the
-// real one; tests adapt a fake clientset.
-type EndpointSliceClient interface {
-	ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error)
-	WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
-}
+// This file is the list-and-watch half of the Kubernetes source: it keeps
+// the Service's EndpointSlices by name, fed by a list and then a watch from
+// the list's resource version (client-go's reflector, in small), and
+// publishes mergeSlices of them. The merge itself lives in endpointslice.go,
+// the API client in kubeapi.go.
 
 // KubernetesOptions configures a Kubernetes source.
 type KubernetesOptions struct {
-	// Client talks to the API server. Required. It needs get, list and watch
+	// Client talks to the API server. Required. It needs list and watch
 	// on endpointslices.discovery.k8s.io in the Service's namespace only
 	// (deploy/rbac).
 	Client EndpointSliceClient
@@ -42,9 +30,30 @@ type KubernetesOptions struct {
 	// TCP port.
 	Port PortSelector
 	// Logger receives one info line per endpoint change, warnings for
-	// slices that had to be skipped and for watch failures; nil discards.
+	// slices that had to be skipped and for list and watch failures; nil
+	// discards.
 	Logger *slog.Logger
 }
+
+// Retry and watch timing. The backoff is client-go's reflector's in
+// spirit: it grows while the API server fails, and is forgotten once a
+// watch works again.
+const (
+	// backoffInitial is the first wait after a failure; it doubles per
+	// failure in a row up to backoffMax. Each wait is jittered to between
+	// half and all of it, so that the sidecars of a Deployment do not retry
+	// in step after an API server restart.
+	backoffInitial = time.Second
+	backoffMax     = 30 * time.Second
+	// minWatchTimeout is the shortest watch asked for (timeoutSeconds);
+	// each watch asks for between it and twice it, at random, as the
+	// reflector does, so that watches of many sidecars do not end together.
+	minWatchTimeout = 5 * time.Minute
+	// healthyWatch is how long a watch must last, when it delivers no
+	// event, to count as working: a watch the API server ends at once is a
+	// failure (and backs off), not a reason to reconnect in a loop.
+	healthyWatch = time.Second
+)
 
 // Kubernetes discovers the endpoints of a Service from its EndpointSlices.
 type Kubernetes struct {
@@ -52,6 +61,10 @@ type Kubernetes struct {
 	service ServiceRef
 	port    PortSelector
 	log     *slog.Logger
+
+	// Timing; tests shorten it.
+	backoffInitial, backoffMax time.Duration
+	watchTimeout               func() time.Duration
 }
 
 var _ Source = (*Kubernetes)(nil)
@@ -70,196 +83,239 @@ func NewKubernetes(o KubernetesOptions) (*Kubernetes, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Kubernetes{
-		client:  o.Client,
-		service: o.Service,
-		port:    o.Port,
-		log:     log.With("service", o.Service.String()),
+		client:         o.Client,
+		service:        o.Service,
+		port:           o.Port,
+		log:            log.With("service", o.Service.String()),
+		backoffInitial: backoffInitial,
+		backoffMax:     backoffMax,
+		watchTimeout: func() time.Duration {
+			return minWatchTimeout + rand.N(minWatchTimeout)
+		},
 	}, nil
 }
 
 // labelSelector is the selector of the Service's EndpointSlices: the watch
 // is scoped to the namespace and to it, never cluster-wide.
 func (k *Kubernetes) labelSelector() string {
-	return discoveryv1.LabelServiceName + "=" + k.service.Name
+	return LabelServiceName + "=" + k.service.Name
 }
 
 // Run watches the Service's EndpointSlices until ctx ends. The first
-// snapshot is published only once the informer has synced and this source
-// has seen every object of the initial list, so tether stays not-ready until
-// then; later snapshots are published when the merged set changes. A
-// failing watch is retried by client-go (re-listing when the API server
-// says its resource version is gone) and logged; the last published set
-// stays in force meanwhile. Run returns nil when ctx ends.
+// snapshot is published only once the initial list has been read whole, so
+// tether stays not-ready until then; later snapshots are published when the
+// merged set changes. A watch that ends is resumed from the last resource
+// version seen (bookmarks included); when the API server says that version
+// is gone (410), the slices are listed again and replace the whole set, so
+// slices deleted meanwhile disappear. Failures are logged as warnings and
+// retried with a jittered, capped backoff; the last published set stays in
+// force meanwhile. Run returns nil when ctx ends.
 func (k *Kubernetes) Run(ctx context.Context, update func(Snapshot)) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
-
-	informer := k.informer()
-	if err := informer.SetWatchErrorHandlerWithContext(k.watchError); err != nil {
-		return fmt.Errorf("kubernetes source: %w", err)
-	}
-	tracker := newSliceTracker(k.service, k.log)
-	reg, err := informer.AddEventHandler(tracker)
-	if err != nil {
-		return fmt.Errorf("kubernetes source: %w", err)
-	}
-	wg.Go(func() { informer.RunWithContext(ctx) })
-
 	k.log.Info("waiting for EndpointSlices to sync", "selector", k.labelSelector(), "port", k.port.String())
-	select {
-	case <-reg.HasSyncedChecker().Done():
-	case <-ctx.Done():
-		return nil
+	r := &reflector{
+		k:       k,
+		tracker: newSliceTracker(k.service, k.log),
+		pub:     publisher{log: k.log, update: update},
+		backoff: backoff{initial: k.backoffInitial, max: k.backoffMax},
 	}
+	for ctx.Err() == nil {
+		if err := r.list(ctx); err != nil {
+			if ctx.Err() == nil {
+				k.log.Warn("EndpointSlice list/watch failed, retrying", "err", err)
+				r.sleep(ctx)
+			}
+			continue
+		}
+		r.watch(ctx)
+	}
+	return nil
+}
 
-	p := publisher{log: k.log, update: update}
-	p.publish(mergeSlices(tracker.list(), k.port))
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tracker.changed:
-			p.publish(mergeSlices(tracker.list(), k.port))
+// reflector lists and watches; it runs on Run's goroutine only.
+type reflector struct {
+	k       *Kubernetes
+	tracker *sliceTracker
+	pub     publisher
+	backoff backoff
+	rv      string // the last resource version seen
+}
+
+func (r *reflector) publish() { r.pub.publish(mergeSlices(r.tracker.list(), r.k.port)) }
+
+func (r *reflector) sleep(ctx context.Context) {
+	t := time.NewTimer(r.backoff.next())
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// list replaces the whole set with the API server's and publishes it.
+func (r *reflector) list(ctx context.Context) error {
+	list, err := r.k.client.ListEndpointSlices(ctx, r.k.service.Namespace, r.k.labelSelector())
+	if err != nil {
+		return err
+	}
+	r.tracker.replace(list.Items)
+	r.rv = list.Metadata.ResourceVersion
+	r.k.log.Debug("EndpointSlices listed", "slices", len(list.Items), "resourceVersion", r.rv)
+	r.publish()
+	return nil
+}
+
+// watch watches from r.rv and resumes after each watch that ends, until
+// ctx ends or a list is needed: the resource version is gone, or the API
+// server sent something that was not a watch event (whatever it stood for
+// was missed).
+func (r *reflector) watch(ctx context.Context) {
+	for ctx.Err() == nil {
+		start := time.Now()
+		w, err := r.k.client.WatchEndpointSlices(ctx, r.k.service.Namespace, WatchOptions{
+			LabelSelector:   r.k.labelSelector(),
+			ResourceVersion: r.rv,
+			Timeout:         r.k.watchTimeout(),
+		})
+		events := 0
+		if err == nil {
+			events, err = r.consume(w)
+			w.Close()
+		}
+		healthy := events > 0 || (err == nil && time.Since(start) >= healthyWatch)
+		if healthy {
+			r.backoff.reset()
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case isGone(err):
+			r.k.log.Debug("EndpointSlice watch expired, listing again", "resourceVersion", r.rv, "err", err)
+			if !healthy {
+				r.sleep(ctx)
+			}
+			return
+		case err == nil && healthy:
+			r.k.log.Debug("EndpointSlice watch ended, resuming", "resourceVersion", r.rv, "events", events)
+			continue
+		case err == nil:
+			err = errors.New("watch EndpointSlices: the API server ended the watch at once")
+		}
+		r.k.log.Warn("EndpointSlice list/watch failed, retrying", "err", err)
+		r.sleep(ctx)
+		var ae *APIError
+		if errors.Is(err, ErrMalformed) || errors.As(err, &ae) {
+			return // an event may have been lost, or the API refuses: list again
 		}
 	}
 }
 
-// informer is client-go's EndpointSlice informer
-// (informers/discovery/v1.NewFilteredEndpointSliceInformer) on k.client
-// instead of a full clientset: scoped to the Service's namespace and label,
-// no resync. The client says whether it can stream the initial list as
-// watch events (a fake clientset cannot), as the generated informer's does.
-func (k *Kubernetes) informer() cache.SharedIndexInformer {
-	scope := func(o metav1.ListOptions) metav1.ListOptions {
-		o.LabelSelector = k.labelSelector()
-		return o
+// consume applies w's events until it ends; a clean end returns nil.
+func (r *reflector) consume(w EndpointSliceWatch) (int, error) {
+	events := 0
+	for {
+		ev, err := w.Next()
+		if errors.Is(err, io.EOF) {
+			return events, nil
+		}
+		if err != nil {
+			return events, err
+		}
+		events++
+		changed := false
+		switch ev.Type {
+		case EventAdded, EventModified:
+			changed = r.tracker.set(&ev.Object)
+		case EventDeleted:
+			changed = r.tracker.remove(ev.Object.Name, false)
+		case EventBookmark:
+		}
+		if ev.Object.ResourceVersion != "" {
+			r.rv = ev.Object.ResourceVersion
+		}
+		if changed {
+			r.publish()
+		}
 	}
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return k.client.ListEndpointSlices(ctx, k.service.Namespace, scope(o))
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return k.client.WatchEndpointSlices(ctx, k.service.Namespace, scope(o))
-		},
-	}
-	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, k.client), &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 }
 
-// watchError logs why a list or watch failed; client-go retries with
-// backoff. An expired resource version and a cleanly closed watch are
-// routine (client-go re-lists or re-watches) and logged at debug.
-func (k *Kubernetes) watchError(_ context.Context, _ *cache.Reflector, err error) {
-	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || errors.Is(err, io.EOF) {
-		k.log.Debug("EndpointSlice watch closed, resuming", "err", err)
-		return
-	}
-	k.log.Warn("EndpointSlice list/watch failed, retrying", "err", err)
+// backoff is a capped exponential backoff with jitter.
+type backoff struct {
+	initial, max time.Duration
+	cur          time.Duration // the next wait before jitter; 0 = initial
 }
 
-// sliceTracker is the informer adapter: it keeps the Service's slices by
-// name and signals changed (capacity 1: bursts coalesce, and the reader
-// always merges the latest state). Handlers run on the informer's
-// goroutine; list runs on Run's.
+// next returns the wait before the next attempt: between half and all of
+// the current step, which then doubles up to max.
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.initial
+	}
+	d := b.cur/2 + rand.N(b.cur/2+1)
+	b.cur = min(2*b.cur, b.max)
+	return d
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sliceTracker keeps the Service's slices by name.
 type sliceTracker struct {
 	service ServiceRef
 	log     *slog.Logger
-	changed chan struct{}
-
-	mu     sync.Mutex
-	slices map[string]*discoveryv1.EndpointSlice // by name; guarded by mu
+	slices  map[string]*EndpointSlice
 }
-
-var _ cache.ResourceEventHandler = (*sliceTracker)(nil)
 
 func newSliceTracker(service ServiceRef, log *slog.Logger) *sliceTracker {
-	return &sliceTracker{
-		service: service,
-		log:     log,
-		changed: make(chan struct{}, 1),
-		slices:  map[string]*discoveryv1.EndpointSlice{},
-	}
+	return &sliceTracker{service: service, log: log, slices: map[string]*EndpointSlice{}}
 }
 
-func (t *sliceTracker) OnAdd(obj any, _ bool)  { t.set(obj) }
-func (t *sliceTracker) OnUpdate(_, newObj any) { t.set(newObj) }
-func (t *sliceTracker) OnDelete(obj any)       { t.remove(obj) }
-
-// notify signals changed without blocking: a pending signal already covers
-// this change.
-func (t *sliceTracker) notify() {
-	select {
-	case t.changed <- struct{}{}:
-	default:
-	}
+func (t *sliceTracker) belongs(s *EndpointSlice) bool {
+	return s.Namespace == t.service.Namespace && s.Labels[LabelServiceName] == t.service.Name
 }
 
-func (t *sliceTracker) belongs(s *discoveryv1.EndpointSlice) bool {
-	return s.Namespace == t.service.Namespace && s.Labels[discoveryv1.LabelServiceName] == t.service.Name
-}
-
-func (t *sliceTracker) set(obj any) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		t.log.Warn("ignoring unexpected object from the EndpointSlice informer", "type", fmt.Sprintf("%T", obj))
-		return
-	}
+// set stores s and says whether the set changed (a slice of another
+// Service removes its name instead).
+func (t *sliceTracker) set(s *EndpointSlice) bool {
 	if !t.belongs(s) {
-		// The informer is scoped to the Service; a slice relabelled away
+		// The watch is scoped to the Service; a slice relabelled away
 		// arrives as a delete. Be safe anyway.
-		t.removeName(s.Name, false)
-		return
+		return t.remove(s.Name, false)
 	}
-	t.mu.Lock()
 	t.slices[s.Name] = s
-	t.mu.Unlock()
 	t.log.Debug("EndpointSlice seen", "slice", s.Name, "resourceVersion", s.ResourceVersion, "endpoints", len(s.Endpoints))
-	t.notify()
+	return true
 }
 
-// remove handles a delete, including the tombstone the informer hands over
-// when it learned of the delete only by re-listing.
-func (t *sliceTracker) remove(obj any) {
-	tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
-	if isTomb {
-		obj = tomb.Obj
+// remove forgets a slice; relisted says its delete was learned from a list
+// rather than the watch.
+func (t *sliceTracker) remove(name string, relisted bool) bool {
+	if _, had := t.slices[name]; !had {
+		return false
 	}
-	if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-		t.removeName(s.Name, isTomb)
-		return
-	}
-	if !isTomb {
-		t.log.Warn("ignoring unexpected deleted object from the EndpointSlice informer", "type", fmt.Sprintf("%T", obj))
-		return
-	}
-	// A tombstone without a usable object: its key still names the slice.
-	_, name, err := cache.SplitMetaNamespaceKey(tomb.Key)
-	if err != nil {
-		t.log.Warn("ignoring EndpointSlice tombstone with a bad key", "key", tomb.Key, "err", err)
-		return
-	}
-	t.removeName(name, true)
-}
-
-func (t *sliceTracker) removeName(name string, tombstone bool) {
-	t.mu.Lock()
-	_, had := t.slices[name]
 	delete(t.slices, name)
-	t.mu.Unlock()
-	if had {
-		t.log.Debug("EndpointSlice gone", "slice", name, "tombstone", tombstone)
-		t.notify()
+	t.log.Debug("EndpointSlice gone", "slice", name, "relisted", relisted)
+	return true
+}
+
+// replace makes items the whole set.
+func (t *sliceTracker) replace(items []EndpointSlice) {
+	keep := map[string]bool{}
+	for i := range items {
+		if t.belongs(&items[i]) {
+			keep[items[i].Name] = true
+		}
+	}
+	for name := range t.slices {
+		if !keep[name] {
+			t.remove(name, true)
+		}
+	}
+	for i := range items {
+		t.set(&items[i])
 	}
 }
 
-// list returns the current slices (shared with the informer's cache: read
-// only).
-func (t *sliceTracker) list() []*discoveryv1.EndpointSlice {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// list returns the current slices (shared: read only).
+func (t *sliceTracker) list() []*EndpointSlice {
 	return slices.Collect(maps.Values(t.slices))
 }
 

@@ -3,31 +3,23 @@ package discovery
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/cache"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
-var (
-	testService = ServiceRef{Namespace: "mcp", Name: "everything"}
-	slicesGVR   = discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
-)
+var testService = ServiceRef{Namespace: "mcp", Name: "everything"}
 
 // logBuffer collects log lines from concurrent goroutines.
 type logBuffer struct {
@@ -53,28 +45,14 @@ func (b *logBuffer) lines(substr string) []string {
 	return out
 }
 
-// fakeSlices is the EndpointSliceClient of a fake clientset. The embedded
-// clientset also tells the informer it cannot stream the initial list as
-// watch events (IsWatchListSemanticsUnSupported), as it does for client-go's
-// own informers.
-type fakeSlices struct{ *fake.Clientset }
-
-func (f fakeSlices) ListEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
-	return f.DiscoveryV1().EndpointSlices(namespace).List(ctx, opts)
-}
-
-func (f fakeSlices) WatchEndpointSlices(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
-	return f.DiscoveryV1().EndpointSlices(namespace).Watch(ctx, opts)
-}
-
-// runSource starts a Kubernetes source on client and returns the channel
-// its snapshots arrive on, the log, and a stop function that waits for Run
-// to return.
-func runSource(t *testing.T, client *fake.Clientset, port PortSelector) (<-chan Snapshot, *logBuffer, func()) {
+// runSource starts a Kubernetes source on client, with a backoff of
+// milliseconds, and returns the channel its snapshots arrive on, the log,
+// and a stop function that waits for Run to return nil.
+func runSource(t *testing.T, client EndpointSliceClient, port PortSelector) (<-chan Snapshot, *logBuffer, func()) {
 	t.Helper()
 	logs := &logBuffer{}
 	src, err := NewKubernetes(KubernetesOptions{
-		Client:  fakeSlices{client},
+		Client:  client,
 		Service: testService,
 		Port:    port,
 		Logger:  slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -82,6 +60,7 @@ func runSource(t *testing.T, client *fake.Clientset, port PortSelector) (<-chan 
 	if err != nil {
 		t.Fatal(err)
 	}
+	src.backoffInitial, src.backoffMax = time.Millisecond, 20*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	snaps := make(chan Snapshot, 100)
 	done := make(chan error, 1)
@@ -97,7 +76,7 @@ func stopRun(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Errorf("Run: %v", err)
+			t.Errorf("Run: %v, want nil when its context ends", err)
 		}
 	case <-time.After(10 * time.Second):
 		buf := make([]byte, 1<<20)
@@ -154,102 +133,87 @@ func expect(t *testing.T, got Snapshot, want ...string) {
 	}
 }
 
-// The informer is scoped to the namespace and the Service's label; the
-// first snapshot waits for the initial list; adds, updates and deletes
+// waitWatch waits until the source has a watch open on f, so that a change
+// made next arrives as a watch event.
+func waitWatch(t *testing.T, f *fakeAPI) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.watching() > 0 }, "a watch is open")
+}
+
+// The list and watch are scoped to the namespace and the Service's label;
+// the first snapshot waits for the initial list; adds, updates and deletes
 // follow; each change is one log line.
 func TestKubernetesSourceWiring(t *testing.T) {
 	other := v4("other-abc", mcpPort, ips("10.0.9.9")...)
-	other.Labels[discoveryv1.LabelServiceName] = "other"
-	elsewhere := v4("everything-zzz", mcpPort, ips("10.0.8.8")...)
-	elsewhere.Namespace = "default"
-	client := fake.NewClientset(
+	other.Labels[LabelServiceName] = "other"
+	f := newFakeAPI(t,
 		v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "u2", condReady}),
-		other, elsewhere,
+		other,
 	)
+	release := f.holdLists()
+	snaps, logs, stop := runSource(t, f.client(), PortSelector{Name: "mcp"})
 
-	// Hold the initial list back until released, and record what was asked.
-	release := make(chan struct{})
-	var lists []k8stesting.ListActionImpl
-	var listsMu sync.Mutex
-	client.PrependReactor("list", "endpointslices", func(a k8stesting.Action) (bool, kruntime.Object, error) {
-		<-release
-		listsMu.Lock()
-		lists = append(lists, a.(k8stesting.ListActionImpl))
-		listsMu.Unlock()
-		return false, nil, nil // on to the object tracker
-	})
-	snaps, logs, stop := runSource(t, client, PortSelector{Name: "mcp"})
-
-	quiet(t, snaps, 200*time.Millisecond) // not synced: nothing published
-	close(release)
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(f.requests("list")) > 0 }, "a list request")
+	quiet(t, snaps, 100*time.Millisecond) // not synced: nothing published
+	listRV := f.currentRV()
+	release()
 	expect(t, next(t, snaps),
 		"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
 		"u2/10.0.0.2:8080 http://10.0.0.2:8080 ready")
 
-	listsMu.Lock()
-	if len(lists) == 0 {
-		t.Fatal("no list call")
+	list := f.requests("list")[0]
+	if got, want := list.URL.Path, "/apis/discovery.k8s.io/v1/namespaces/mcp/endpointslices"; got != want {
+		t.Errorf("list path %s, want %s", got, want)
 	}
-	for _, l := range lists {
-		if l.GetNamespace() != "mcp" || l.GetListRestrictions().Labels.String() != "kubernetes.io/service-name=everything" {
-			t.Errorf("list in namespace %q with selector %q, want mcp and kubernetes.io/service-name=everything",
-				l.GetNamespace(), l.GetListRestrictions().Labels)
+	if got := list.URL.RawQuery; got != "labelSelector=kubernetes.io%2Fservice-name%3Deverything" {
+		t.Errorf("list query %s", got)
+	}
+	for h, want := range map[string]string{"Accept": "application/json", "User-Agent": "tether/test", "Authorization": "Bearer secret"} {
+		if got := list.Header.Get(h); got != want {
+			t.Errorf("list header %s: %q, want %q", h, got, want)
 		}
 	}
-	listsMu.Unlock()
-	for _, a := range client.Actions() {
-		if a.GetNamespace() != "mcp" {
-			t.Errorf("%s %s outside the Service's namespace: %q", a.GetVerb(), a.GetResource().Resource, a.GetNamespace())
-		}
+	waitWatch(t, f)
+	w := query(f.requests("watch")[0])
+	if w.Get("watch") != "1" || w.Get("resourceVersion") != listRV || w.Get("allowWatchBookmarks") != "true" ||
+		w.Get("labelSelector") != "kubernetes.io/service-name=everything" {
+		t.Errorf("watch query %v, want watch=1 from the list's version %s with bookmarks and the selector", w, listRV)
 	}
-
-	ctx := context.Background()
-	api := client.DiscoveryV1().EndpointSlices("mcp")
+	if s, err := strconv.Atoi(w.Get("timeoutSeconds")); err != nil || s < 300 || s > 600 {
+		t.Errorf("watch timeoutSeconds %q, want 5 to 10 minutes", w.Get("timeoutSeconds"))
+	}
 
 	// Add a second slice.
-	if _, err := api.Create(ctx, v4("everything-def", mcpPort, ep{"10.0.0.3", "u3", condReady}), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.create(v4("everything-def", mcpPort, ep{"10.0.0.3", "u3", condReady}))
 	expect(t, next(t, snaps),
 		"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
 		"u2/10.0.0.2:8080 http://10.0.0.2:8080 ready",
 		"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
 
 	// Update: u1 terminates (fenced), u2 goes away.
-	if _, err := api.Update(ctx, v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condTerminating}), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.update(v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condTerminating}))
 	expect(t, next(t, snaps),
 		"u1/10.0.0.1:8080 http://10.0.0.1:8080 fenced",
 		"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
 
 	// An update that changes nothing tether cares about publishes nothing.
 	same := v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condTerminating})
-	same.Annotations = map[string]string{"touched": "yes"}
-	if _, err := api.Update(ctx, same, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	quiet(t, snaps, 200*time.Millisecond)
+	same.Labels["touched"] = "yes"
+	f.update(same)
+	quiet(t, snaps, 100*time.Millisecond)
 
 	// Delete a slice.
-	if err := api.Delete(ctx, "everything-def", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.delete("everything-def")
 	expect(t, next(t, snaps), "u1/10.0.0.1:8080 http://10.0.0.1:8080 fenced")
 
-	// A slice of another Service that reaches the handler anyway (the fake
-	// watch does not filter by label) changes nothing.
+	// A slice of another Service is not watched.
 	stray := v4("other-def", mcpPort, ips("10.0.9.8")...)
-	stray.Labels[discoveryv1.LabelServiceName] = "other"
-	if _, err := api.Create(ctx, stray, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	quiet(t, snaps, 200*time.Millisecond)
+	stray.Labels[LabelServiceName] = "other"
+	f.create(stray)
+	quiet(t, snaps, 100*time.Millisecond)
 
 	// The same IP, now a new pod: a new endpoint, the old one removed.
-	if _, err := api.Update(ctx, v4("everything-abc", mcpPort, ep{"10.0.0.1", "u9", condReady}), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.update(v4("everything-abc", mcpPort, ep{"10.0.0.1", "u9", condReady}))
 	expect(t, next(t, snaps), "u9/10.0.0.1:8080 http://10.0.0.1:8080 ready")
 
 	// One info line per change. A change is logged after its snapshot is
@@ -265,123 +229,224 @@ func TestKubernetesSourceWiring(t *testing.T) {
 		{`msg="EndpointSlices synced"`, 1},     // once
 		{`pod=mcp/pod-10.0.0.1`, 4},            // added u1, changed u1, removed u1, added u9
 		{`level=INFO msg="endpoint added"`, 4}, // info level
+		{`level=WARN`, 0},                      // nothing went wrong
 	} {
 		if got := logs.lines(want.msg); len(got) != want.n {
 			t.Errorf("%d log lines with %s, want %d:\n%s", len(got), want.msg, want.n, strings.Join(got, "\n"))
 		}
 	}
+	if n := len(f.requests("list")); n != 1 {
+		t.Errorf("%d lists, want 1", n)
+	}
 }
 
-// Nothing is published, and Run returns, when the context ends before the
-// informer syncs (an API server that never answers, a missing Role).
+// Nothing is published, and Run returns nil, when the context ends before
+// the first list succeeds (a missing Role, an API server that never
+// answers).
 func TestKubernetesSourceNeverSynced(t *testing.T) {
-	client := fake.NewClientset()
-	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, kruntime.Object, error) {
-		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", nil)
+	t.Run("forbidden", func(t *testing.T) {
+		f := newFakeAPI(t)
+		f.answerAlways("list", func(w http.ResponseWriter, _ *http.Request) {
+			writeStatus(w, http.StatusForbidden, "Forbidden",
+				`endpointslices.discovery.k8s.io is forbidden: User "x" cannot list resource "endpointslices"`)
+		})
+		snaps, logs, stop := runSource(t, f.client(), PortSelector{})
+		testkit.Eventually(t, 10*time.Second, func() bool { return len(f.requests("list")) >= 3 }, "lists retried")
+		stop()
+		select {
+		case s := <-snaps:
+			t.Fatalf("published %v without a list", summarize(s))
+		default:
+		}
+		got := logs.lines("list/watch failed")
+		if len(got) == 0 {
+			t.Fatal("the forbidden list was not logged")
+		}
+		if !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], "is forbidden") || !strings.Contains(got[0], "403 Forbidden") {
+			t.Errorf("log line %q, want a warning with the API's message and code", got[0])
+		}
 	})
-	snaps, logs, stop := runSource(t, client, PortSelector{})
-	quiet(t, snaps, 1500*time.Millisecond)
-	stop()
-	if got := logs.lines("list/watch failed"); len(got) == 0 {
-		t.Error("the forbidden list was not logged")
-	} else if !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], "forbidden") {
-		t.Errorf("log line %q, want a warning naming the error", got[0])
-	}
+	t.Run("no answer", func(t *testing.T) {
+		f := newFakeAPI(t)
+		f.holdLists()
+		snaps, _, stop := runSource(t, f.client(), PortSelector{})
+		testkit.Eventually(t, 10*time.Second, func() bool { return len(f.requests("list")) > 0 }, "a list request")
+		stop() // returns nil while the list is still in flight
+		select {
+		case s := <-snaps:
+			t.Fatalf("published %v without a list", summarize(s))
+		default:
+		}
+	})
 }
 
 // An empty Service syncs too: ready with no endpoints.
 func TestKubernetesSourceEmptyService(t *testing.T) {
-	snaps, _, _ := runSource(t, fake.NewClientset(), PortSelector{})
+	snaps, _, _ := runSource(t, newFakeAPI(t).client(), PortSelector{})
 	expect(t, next(t, snaps))
 }
 
-// A broken watch is survived: client-go re-lists, a slice deleted while the
-// watch was down arrives as a tombstone (DeletedFinalStateUnknown), one
-// created meanwhile as an add, and the new watch carries on.
-func TestKubernetesSourceSurvivesWatchFailure(t *testing.T) {
-	client := fake.NewClientset(
-		v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condReady}),
-		v4("everything-def", mcpPort, ep{"10.0.0.2", "u2", condReady}),
-	)
-	var listCalls atomic.Int32
-	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, kruntime.Object, error) {
-		listCalls.Add(1)
-		return false, nil, nil
-	})
-	watchers := make(chan *watch.FakeWatcher, 10)
-	client.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
-		w := watch.NewFakeWithChanSize(10, false)
-		watchers <- w
-		return true, w, nil
-	})
-	nextWatcher := func() *watch.FakeWatcher {
-		t.Helper()
-		select {
-		case w := <-watchers:
-			return w
-		case <-time.After(10 * time.Second):
-			t.Fatal("no watch within 10s")
-			return nil
-		}
-	}
+// A watch that ends (the API server's timeout, a restart) is resumed from
+// the last resource version seen, a bookmark's included, without listing
+// again.
+func TestKubernetesSourceResumesWatch(t *testing.T) {
+	f := newFakeAPI(t, v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condReady}))
+	snaps, logs, _ := runSource(t, f.client(), PortSelector{})
+	expect(t, next(t, snaps), "u1/10.0.0.1:8080 http://10.0.0.1:8080 ready")
+	waitWatch(t, f)
 
-	snaps, logs, _ := runSource(t, client, PortSelector{})
+	f.create(v4("everything-def", mcpPort, ep{"10.0.0.2", "u2", condReady}))
 	expect(t, next(t, snaps),
 		"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
 		"u2/10.0.0.2:8080 http://10.0.0.2:8080 ready")
-	w1 := nextWatcher()
-	listsBefore := listCalls.Load()
-
-	// While the watch is "down" (nothing is sent on it), one slice goes and
-	// another comes, behind the informer's back.
-	tracker := client.Tracker()
-	if err := tracker.Delete(slicesGVR, "mcp", "everything-def"); err != nil {
-		t.Fatal(err)
+	// The fake sends every pending event before it ends a watch.
+	bookmarkRV := f.bookmark()
+	f.endWatches()
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(f.requests("watch")) >= 2 }, "a second watch")
+	if got := query(f.requests("watch")[1]).Get("resourceVersion"); got != bookmarkRV {
+		t.Errorf("re-watch from %q, want the bookmark's %s", got, bookmarkRV)
 	}
-	if err := tracker.Create(slicesGVR, v4("everything-ghi", mcpPort, ep{"10.0.0.3", "u3", condReady}), "mcp"); err != nil {
-		t.Fatal(err)
+	waitWatch(t, f)
+	f.delete("everything-abc")
+	expect(t, next(t, snaps), "u2/10.0.0.2:8080 http://10.0.0.2:8080 ready")
+	if n := len(f.requests("list")); n != 1 {
+		t.Errorf("%d lists, want 1: a watch that ended is resumed, not re-listed", n)
 	}
-	// Then the API server says the watch's resource version is too old.
-	w1.Error(&apierrors.NewResourceExpired("too old resource version").ErrStatus)
-
-	// The two changes may arrive as two snapshots.
-	until(t, snaps,
-		"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
-		"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
-	if got := listCalls.Load(); got <= listsBefore {
-		t.Errorf("%d list calls after the expired watch, want a re-list", got)
+	if got := logs.lines("level=WARN"); len(got) != 0 {
+		t.Errorf("warnings for a routine watch end:\n%s", strings.Join(got, "\n"))
 	}
-	if got := logs.lines(`slice=everything-def tombstone=true`); len(got) != 1 || !strings.Contains(got[0], `msg="EndpointSlice gone"`) {
-		t.Errorf("the delete missed by the watch did not arrive as a tombstone; log:\n%s", strings.Join(logs.lines("EndpointSlice"), "\n"))
-	}
-
-	// The new watch works. (What the fake watches send is written to the
-	// tracker too, so that a re-list sees the same state.)
-	w2 := nextWatcher()
-	fenced := v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condTerminating})
-	if err := tracker.Update(slicesGVR, fenced, "mcp"); err != nil {
-		t.Fatal(err)
-	}
-	w2.Modify(fenced)
-	expect(t, next(t, snaps),
-		"u1/10.0.0.1:8080 http://10.0.0.1:8080 fenced",
-		"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
-
-	// A watch that just ends (a connection cut, an API server restart) is
-	// resumed too.
-	w2.Stop()
-	w3 := nextWatcher()
-	if err := tracker.Delete(slicesGVR, "mcp", "everything-ghi"); err != nil {
-		t.Fatal(err)
-	}
-	w3.Delete(v4("everything-ghi", mcpPort))
-	expect(t, next(t, snaps), "u1/10.0.0.1:8080 http://10.0.0.1:8080 fenced")
 }
 
-// The adapter on its own: every shape of event the informer hands over.
+// When the API server no longer has the watch's resource version (410, as
+// an HTTP answer or an ERROR event), the source lists again and the list
+// replaces the whole set: a slice deleted while the watch was down
+// disappears, one created meanwhile appears, and the new watch carries on.
+func TestKubernetesSourceRelistsWhenExpired(t *testing.T) {
+	for _, asEvent := range []bool{false, true} {
+		name := "HTTP 410"
+		if asEvent {
+			name = "ERROR event 410"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newFakeAPI(t,
+				v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condReady}),
+				v4("everything-def", mcpPort, ep{"10.0.0.2", "u2", condReady}),
+			)
+			snaps, logs, _ := runSource(t, f.client(), PortSelector{})
+			expect(t, next(t, snaps),
+				"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
+				"u2/10.0.0.2:8080 http://10.0.0.2:8080 ready")
+			waitWatch(t, f)
+
+			// Behind the watch's back: one slice goes, another comes.
+			f.apply(EventDeleted, v4("everything-def", mcpPort), true)
+			f.apply(EventAdded, v4("everything-ghi", mcpPort, ep{"10.0.0.3", "u3", condReady}), true)
+			// A bookmark from before the compaction: the watch worked
+			// (a watch that ends at once with nothing is a failure).
+			f.bookmark()
+			f.compact(asEvent)
+
+			until(t, snaps,
+				"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
+				"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
+			if n := len(f.requests("list")); n != 2 {
+				t.Errorf("%d lists, want 2", n)
+			}
+			if got := logs.lines(`slice=everything-def relisted=true`); len(got) != 1 || !strings.Contains(got[0], `msg="EndpointSlice gone"`) {
+				t.Errorf("the delete missed by the watch was not found by the list; log:\n%s", strings.Join(logs.lines("EndpointSlice"), "\n"))
+			}
+			if got := logs.lines("level=WARN"); len(got) != 0 {
+				t.Errorf("warnings for an expired watch:\n%s", strings.Join(got, "\n"))
+			}
+
+			waitWatch(t, f)
+			f.update(v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condTerminating}))
+			expect(t, next(t, snaps),
+				"u1/10.0.0.1:8080 http://10.0.0.1:8080 fenced",
+				"u3/10.0.0.3:8080 http://10.0.0.3:8080 ready")
+		})
+	}
+}
+
+// Failures of every kind are survived: a warning, a backoff, a retry, and
+// the last published set stays in force; nothing panics.
+func TestKubernetesSourceRetries(t *testing.T) {
+	status500 := func(w http.ResponseWriter, _ *http.Request) {
+		writeStatus(w, http.StatusInternalServerError, "InternalError", "etcdserver: leader changed")
+	}
+	body := func(code int, s string) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			io.WriteString(w, s)
+		}
+	}
+	event := func(s string) http.HandlerFunc { return body(http.StatusOK, s+"\n") }
+	tests := []struct {
+		name string
+		kind string // the request that fails: "list" or "watch"
+		h    http.HandlerFunc
+		warn string // in the warning
+	}{
+		{"list 500", "list", status500, "etcdserver: leader changed (500 InternalError)"},
+		{"list not a Status", "list", body(http.StatusBadGateway, "<html>bad gateway</html>"), "<html>bad gateway</html> (502)"},
+		{"list garbage", "list", body(http.StatusOK, "{not json"), "malformed"},
+		{"list truncated", "list", body(http.StatusOK, `{"metadata":{"resourceVersion":"1"},"items":[{"metadata":`), "unexpected EOF"},
+		{"list of the wrong shape", "list", body(http.StatusOK, `{"metadata":{"resourceVersion":"1"},"items":[{"endpoints":"x"}]}`), "malformed"},
+		{"list without a version", "list", body(http.StatusOK, `{"items":[]}`), "no resourceVersion"},
+		{"list oversized", "list", body(http.StatusOK, `{"items":[`+strings.Repeat(" ", 8192)+`]}`), "over 4096 bytes"},
+		{"watch 500", "watch", status500, "leader changed"},
+		{"watch garbage", "watch", event("]]]"), "malformed"},
+		{"watch unknown event", "watch", event(`{"type":"EXPLODED","object":{}}`), `EXPLODED`},
+		{"watch event of the wrong shape", "watch", event(`{"type":"ADDED","object":{"ports":[{"port":"x"}]}}`), "malformed"},
+		{"watch ERROR event", "watch", event(`{"type":"ERROR","object":{"kind":"Status","code":500,"reason":"InternalError","message":"boom"}}`), "boom (500 InternalError)"},
+		{"watch event oversized", "watch", event(`{"type":"ADDED","object":{"metadata":{"name":"` + strings.Repeat("x", 8192) + `"}}}`), "over 1024 bytes"},
+		{"watch ended at once", "watch", body(http.StatusOK, ""), "ended the watch at once"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeAPI(t, v4("everything-abc", mcpPort, ep{"10.0.0.1", "u1", condReady}))
+			c := f.client()
+			c.maxList, c.maxEvent = 4096, 1024
+			// Fail twice, then answer normally.
+			f.answerNext(tt.kind, tt.h)
+			f.answerNext(tt.kind, tt.h)
+			snaps, logs, _ := runSource(t, c, PortSelector{})
+			expect(t, next(t, snaps), "u1/10.0.0.1:8080 http://10.0.0.1:8080 ready")
+			waitWatch(t, f)
+			f.create(v4("everything-def", mcpPort, ep{"10.0.0.2", "u2", condReady}))
+			until(t, snaps,
+				"u1/10.0.0.1:8080 http://10.0.0.1:8080 ready",
+				"u2/10.0.0.2:8080 http://10.0.0.2:8080 ready")
+			got := logs.lines(`level=WARN msg="EndpointSlice list/watch failed, retrying"`)
+			if len(got) != 2 {
+				t.Fatalf("%d warnings, want 2:\n%s", len(got), strings.Join(got, "\n"))
+			}
+			if !strings.Contains(got[0], tt.warn) {
+				t.Errorf("warning %q, want it to contain %q", got[0], tt.warn)
+			}
+		})
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	b := backoff{initial: time.Second, max: 30 * time.Second}
+	for i, step := range []time.Duration{1, 2, 4, 8, 16, 30, 30} {
+		step *= time.Second
+		if d := b.next(); d < step/2 || d > step {
+			t.Errorf("wait %d: %s, want %s to %s", i, d, step/2, step)
+		}
+	}
+	b.reset()
+	if d := b.next(); d > time.Second {
+		t.Errorf("after reset: %s, want at most 1s", d)
+	}
+}
+
+// The tracker on its own: sets, deletes, relists, slices of another Service.
 func TestSliceTracker(t *testing.T) {
 	logs := &logBuffer{}
-	tr := newSliceTracker(testService, slog.New(slog.NewTextHandler(logs, nil)))
+	tr := newSliceTracker(testService, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	names := func() []string {
 		var out []string
 		for _, s := range tr.list() {
@@ -390,59 +455,44 @@ func TestSliceTracker(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	signalled := func() bool {
-		select {
-		case <-tr.changed:
-			return true
-		default:
-			return false
-		}
-	}
 	a := v4("everything-a", mcpPort, ips("10.0.0.1")...)
 	b := v4("everything-b", mcpPort, ips("10.0.0.2")...)
 	c := v4("everything-c", mcpPort, ips("10.0.0.3")...)
 
-	tr.OnAdd(a, true)
-	tr.OnAdd(b, true)
-	tr.OnAdd(c, false)
-	if !signalled() || signalled() {
-		t.Error("three adds should leave exactly one pending signal")
+	for _, s := range []*EndpointSlice{a, b, c} {
+		if !tr.set(s) {
+			t.Errorf("set %s: no change", s.Name)
+		}
 	}
 	if diff := cmp.Diff(names(), []string{"everything-a", "everything-b", "everything-c"}); diff != "" {
-		t.Errorf("after adds (-got +want):\n%s", diff)
+		t.Errorf("after sets (-got +want):\n%s", diff)
+	}
+	if !tr.remove("everything-b", false) || tr.remove("everything-z", false) {
+		t.Error("remove: want a change for a known slice only")
 	}
 
-	// Tombstone carrying the object.
-	tr.OnDelete(cache.DeletedFinalStateUnknown{Key: "mcp/everything-b", Obj: b})
-	// Tombstone whose object is of no use: the key decides.
-	tr.OnDelete(cache.DeletedFinalStateUnknown{Key: "mcp/everything-c", Obj: nil})
-	if diff := cmp.Diff(names(), []string{"everything-a"}); diff != "" {
-		t.Errorf("after tombstones (-got +want):\n%s", diff)
+	// Relabelled away from the Service: gone. Another namespace: never in.
+	moved := *a
+	moved.Labels = map[string]string{LabelServiceName: "other"}
+	if !tr.set(&moved) {
+		t.Error("relabel: no change")
 	}
-	if !signalled() {
-		t.Error("no signal after deletes")
-	}
-
-	// A delete of something unknown changes nothing and signals nothing.
-	tr.OnDelete(v4("everything-z", mcpPort))
-	if signalled() {
-		t.Error("signal after deleting an unknown slice")
+	elsewhere := *c
+	elsewhere.Name, elsewhere.Namespace = "everything-x", "default"
+	tr.set(&elsewhere)
+	if diff := cmp.Diff(names(), []string{"everything-c"}); diff != "" {
+		t.Errorf("after relabel (-got +want):\n%s", diff)
 	}
 
-	// Relabelled away from the Service: gone.
-	moved := a.DeepCopy()
-	moved.Labels[discoveryv1.LabelServiceName] = "other"
-	tr.OnUpdate(a, moved)
-	if got := names(); len(got) != 0 {
-		t.Errorf("after relabel: %v, want none", got)
+	// A list replaces everything; what it lacks is logged as gone.
+	stray := moved
+	stray.Name = "other-x"
+	tr.replace([]EndpointSlice{*a, *b, stray})
+	if diff := cmp.Diff(names(), []string{"everything-a", "everything-b"}); diff != "" {
+		t.Errorf("after replace (-got +want):\n%s", diff)
 	}
-
-	// Wrong types are ignored with a warning.
-	tr.OnAdd("not a slice", false)
-	tr.OnDelete(42)
-	tr.OnDelete(cache.DeletedFinalStateUnknown{Key: "a/b/c"})
-	if got := logs.lines("level=WARN"); len(got) != 3 {
-		t.Errorf("%d warnings, want 3:\n%s", len(got), strings.Join(got, "\n"))
+	if got := logs.lines("slice=everything-c relisted=true"); len(got) != 1 {
+		t.Errorf("the slice a list lacked was not logged as gone: %q", got)
 	}
 }
 
@@ -450,7 +500,7 @@ func TestNewKubernetesValidates(t *testing.T) {
 	if _, err := NewKubernetes(KubernetesOptions{Service: testService}); err == nil {
 		t.Error("no client: no error")
 	}
-	if _, err := NewKubernetes(KubernetesOptions{Client: fakeSlices{fake.NewClientset()}, Service: ServiceRef{Name: "x"}}); err == nil {
+	if _, err := NewKubernetes(KubernetesOptions{Client: &apiClient{}, Service: ServiceRef{Name: "x"}}); err == nil {
 		t.Error("no namespace: no error")
 	}
 }
