@@ -14,8 +14,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // echo answers with the request as the handler saw it, and its body.
@@ -251,13 +249,18 @@ func TestShutdown(t *testing.T) {
 	if _, err := idleBR.ReadByte(); err == nil {
 		t.Error("the idle connection got data instead of being closed")
 	}
-	testkit.Eventually(t, 20*time.Second, func() bool {
+	// (testkit imports this package: its Eventually is out of reach.)
+	waitFor(func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
 		}
 		return err != nil
-	}, "the listener still accepts")
+	})
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Error("the listener still accepts")
+	}
 	close(release)
 	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
 	if err != nil {
