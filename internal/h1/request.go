@@ -1,0 +1,153 @@
+package h1
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// errLeaveToNetHTTP says a request is not of the shape WriteRequest writes.
+var errLeaveToNetHTTP = errors.New("h1: request left to net/http")
+
+// WriteRequest writes req to bw as net/http's Request.Write does, for the
+// requests a proxy sends: a body of known length or none, no trailers.
+// Any other request is written by Request.Write itself. The header is
+// written in map order (net/http sorts it; HTTP gives order no meaning
+// across field names). req.Body is closed, as Request.Write does.
+func WriteRequest(bw *bufio.Writer, req *http.Request) error {
+	err := writeRequest(bw, req)
+	if err == errLeaveToNetHTTP {
+		return req.Write(bw)
+	}
+	return err
+}
+
+func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
+	u := req.URL
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if u == nil || u.Opaque != "" || len(req.Trailer) > 0 || len(req.TransferEncoding) > 0 || req.Close ||
+		req.ContentLength < 0 || req.ContentLength > 0 && !hasBody ||
+		req.ContentLength == 0 && hasBody { // net/http probes such a body
+		return errLeaveToNetHTTP
+	}
+	host := req.Host
+	if host == "" {
+		host = u.Host
+	}
+	if !plainHost(host) || !validMethod(req.Method) {
+		return errLeaveToNetHTTP // net/http converts it, or refuses it
+	}
+	if req.Body != nil {
+		defer func() {
+			if cerr := req.Body.Close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
+	b := bw.AvailableBuffer()
+	b = append(b, req.Method...)
+	b = append(b, ' ')
+	if path := u.EscapedPath(); path != "" {
+		b = append(b, path...)
+	} else {
+		b = append(b, '/')
+	}
+	if u.ForceQuery || u.RawQuery != "" {
+		b = append(b, '?')
+		b = append(b, u.RawQuery...)
+	}
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\n"...)
+	// As net/http: its own User-Agent when there is none, the first value
+	// when there is one, nothing when that is empty.
+	if ua, ok := req.Header["User-Agent"]; !ok {
+		b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
+	} else if len(ua) > 0 && ua[0] != "" {
+		b = appendHeaderLine(b, "User-Agent", ua[0])
+	}
+	// As net/http: a length, even 0, for the methods servers expect a body
+	// with.
+	if req.ContentLength > 0 || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, req.ContentLength, 10)
+		b = append(b, "\r\n"...)
+	}
+	for k, vv := range req.Header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue // written above, or net/http's to write
+		}
+		if !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range vv {
+			b = appendHeaderLine(b, k, v)
+		}
+	}
+	b = append(b, "\r\n"...)
+	if _, err := bw.Write(b); err != nil {
+		return err
+	}
+	return copyBody(bw, req.Body, req.ContentLength)
+}
+
+// copyBody copies n bytes of body into bw's buffer, flushing it as it
+// fills (io.Copy would allocate a reader to limit it).
+func copyBody(bw *bufio.Writer, body io.Reader, n int64) error {
+	for empty := 0; n > 0; {
+		if bw.Available() == 0 {
+			if err := bw.Flush(); err != nil {
+				return err
+			}
+		}
+		buf := bw.AvailableBuffer()
+		buf = buf[:min(int64(cap(buf)), n)]
+		r, err := body.Read(buf)
+		bw.Write(buf[:r])
+		n -= int64(r)
+		if empty++; r > 0 {
+			empty = 0
+		} else if err == nil && empty > 100 {
+			return io.ErrNoProgress // as bufio does with a reader that returns nothing
+		}
+		if err == io.EOF && n > 0 {
+			return errors.New("h1: request body shorter than its ContentLength")
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+	}
+	return nil
+}
+
+// plainHost reports a valid Host of ASCII without a zone: written as it
+// is (net/http converts an internationalised one to punycode).
+func plainHost(h string) bool {
+	if !httpguts.ValidHostHeader(h) {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] >= 0x80 || h[i] == '%' {
+			return false
+		}
+	}
+	return true
+}
+
+// validMethod reports a method that is a token (RFC 9110 §9.1).
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if !httpguts.IsTokenRune(rune(m[i])) {
+			return false
+		}
+	}
+	return true
+}
