@@ -1,4 +1,6 @@
-// Package h1 serves the client side of tether's HTTP/1.1 connections.
+// Package h1 is tether's HTTP/1.1 on both sides: Server serves the
+// client side of tether's connections, ReadResponse reads the answers of
+// backends for tether's own client (internal/proxy).
 //
 // net/http's server costs a proxy more than the proxy's own work: a second
 // goroutine per request that reads ahead to notice a client leaving (a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // The limits of client's pool, those tether's http.Transport had.
@@ -22,6 +25,11 @@ const (
 	// max1xxResponses bounds the informational answers (100 Continue, 103
 	// Early Hints) skipped before the final one, as net/http does.
 	max1xxResponses = 5
+	// maxResponseHeadBytes bounds what is read of the socket while the
+	// head of an answer is read (each 1xx answer gets it anew):
+	// http.Transport's MaxResponseHeaderBytes default. A head longer than
+	// the read buffer is read by net/http, which has no bound of its own.
+	maxResponseHeadBytes = 10 << 20
 )
 
 // client is tether's HTTP/1.1 client for backends. A request is written and
@@ -31,7 +39,9 @@ const (
 // It replaces http.Transport on this path for what that transport costs per
 // request: two goroutines per connection (readLoop and writeLoop) that the
 // caller hands each request and each answer to over channels, a futex
-// wake-up on another thread each time. Nothing here reads an idle
+// wake-up on another thread each time. Answers are read by
+// h1.ReadResponse: http.ReadResponse's result, without its textproto
+// allocations, and a body read with none. Nothing here reads an idle
 // connection, so the backend's FIN on an idle connection is seen by
 // peeking at the socket before the request is written (stateProbe), where
 // net/http's readLoop would have noticed it.
@@ -86,7 +96,10 @@ type clientConn struct {
 	// request that reached the socket.
 	unanswered bool
 	written    int64
-	idleSince  time.Time
+	// readLimit is what may still be read of the socket: the rest of
+	// maxResponseHeadBytes while a head is read, unbounded otherwise.
+	readLimit int64
+	idleSince time.Time
 	// stop unregisters the current request's context.AfterFunc; aborted
 	// is set by that func, which closes the connection.
 	stop    func() bool
@@ -97,7 +110,14 @@ type clientConn struct {
 // unreadRequestError). The request has been written in full by then: the
 // caller writes, then reads.
 func (pc *clientConn) Read(p []byte) (int, error) {
+	if pc.readLimit <= 0 {
+		return 0, errHeadTooLong
+	}
+	if int64(len(p)) > pc.readLimit {
+		p = p[:pc.readLimit]
+	}
 	n, err := pc.conn.Read(p)
+	pc.readLimit -= int64(n)
 	if n > 0 {
 		pc.unanswered = false
 	} else if err != nil && pc.unanswered && pc.probed {
@@ -227,7 +247,7 @@ func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) 
 	}
 	var resp *http.Response
 	for range max1xxResponses + 1 {
-		resp, err = http.ReadResponse(pc.br, req)
+		resp, err = pc.readResponse(req)
 		if err != nil || resp.StatusCode >= 200 || resp.StatusCode < 100 || resp.StatusCode == http.StatusSwitchingProtocols {
 			break
 		}
@@ -256,6 +276,15 @@ func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) 
 	return resp, pc, nil
 }
 
+// readResponse reads the head of an answer to req, within
+// maxResponseHeadBytes; the body is read as the caller reads it.
+func (pc *clientConn) readResponse(req *http.Request) (*http.Response, error) {
+	pc.readLimit = maxResponseHeadBytes
+	resp, err := h1.ReadResponse(pc.br, req)
+	pc.readLimit = math.MaxInt64
+	return resp, err
+}
+
 // earlyAnswerWait bounds the wait for an answer after a failed write, as
 // net/http waits for one (maxWriteWaitBeforeConnReuse).
 const earlyAnswerWait = 50 * time.Millisecond
@@ -269,7 +298,7 @@ func (pc *clientConn) earlyAnswer(req *http.Request) *http.Response {
 		return nil
 	}
 	pc.conn.SetReadDeadline(time.Now().Add(earlyAnswerWait))
-	resp, err := http.ReadResponse(pc.br, req)
+	resp, err := pc.readResponse(req)
 	if err != nil || resp.StatusCode < 200 {
 		return nil
 	}
@@ -297,7 +326,7 @@ func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc := &clientConn{c: c, addr: addr, conn: conn}
+	pc := &clientConn{c: c, addr: addr, conn: conn, readLimit: math.MaxInt64}
 	pc.probed = pc.probe.init(conn)
 	pc.br = bufio.NewReader(pc)
 	pc.bw = bufio.NewWriter(pc)
@@ -479,4 +508,7 @@ func closeRequestBody(req *http.Request) {
 	}
 }
 
-var errBodyClosed = errors.New("http: read on closed response body")
+var (
+	errBodyClosed  = errors.New("http: read on closed response body")
+	errHeadTooLong = errors.New("tether: the backend's answer has a head longer than 10 MiB")
+)

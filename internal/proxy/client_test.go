@@ -302,6 +302,68 @@ func TestClientEarlyAnswer(t *testing.T) {
 	}
 }
 
+// A head without end fails the request once maxResponseHeadBytes are read,
+// rather than filling memory; so does a head longer than the read buffer
+// (read by net/http) with no end. A head of 8 KiB, longer than the buffer
+// but within the bound, is read.
+func TestClientBoundsTheHead(t *testing.T) {
+	long := "HTTP/1.1 200 OK\r\nX-Long: " + strings.Repeat("a", 8<<10) + "\r\nContent-Length: 2\r\n\r\nok"
+	b := startRawBackend(t, func(c net.Conn, n int, _ *http.Request) bool {
+		if n == 0 {
+			_, err := io.WriteString(c, long)
+			return err == nil
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Endless: ")
+		chunk := []byte(strings.Repeat("a", 64<<10))
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return false // the client gave up
+			}
+		}
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+	if err != nil {
+		t.Fatalf("8 KiB head: %v", err)
+	}
+	if got := readAll(t, resp); got != "ok" || len(resp.Header.Get("X-Long")) != 8<<10 {
+		t.Fatalf("8 KiB head: body %q, X-Long of %d bytes", got, len(resp.Header.Get("X-Long")))
+	}
+	_, err = clientPost(context.Background(), c, b.addr, `{}`)
+	if !errors.Is(err, errHeadTooLong) {
+		t.Fatalf("endless head: %v, want errHeadTooLong", err)
+	}
+}
+
+// An answer without a length (HTTP/1.0, or no framing at all) runs to the
+// close: its body is read whole, and its connection is not reused.
+func TestClientCloseDelimited(t *testing.T) {
+	for _, answer := range []string{
+		"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it",
+		"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it",
+	} {
+		b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
+			io.WriteString(c, answer)
+			return false
+		})
+		c := newClient(DialBackend)
+		t.Cleanup(c.CloseIdleConnections)
+		for i := range 2 {
+			resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+			if err != nil {
+				t.Fatalf("%.8q, request %d: %v", answer, i, err)
+			}
+			if got := readAll(t, resp); got != "all of it" || !resp.Close || resp.ContentLength != -1 {
+				t.Fatalf("%.8q: body %q, Close %v, ContentLength %d", answer, got, resp.Close, resp.ContentLength)
+			}
+		}
+		if n := b.accepted.Load(); n != 2 {
+			t.Fatalf("%.8q: %d connections, want 2", answer, n)
+		}
+	}
+}
+
 // An https backend is spoken to over TLS (by http.Transport): the
 // handshake is what fails against a certificate nobody trusts.
 func TestClientHTTPSBackend(t *testing.T) {
