@@ -21,10 +21,17 @@ var errLeaveToNetHTTP = errors.New("h1: request left to net/http")
 func WriteRequest(bw *bufio.Writer, req *http.Request) error {
 	err := writeRequest(bw, req)
 	if err == errLeaveToNetHTTP {
-		return req.Write(bw)
+		return req.Write(unbuffered{bw})
 	}
 	return err
 }
+
+// unbuffered hides the *bufio.Writer type from Request.Write, which
+// flushes the headers on their own before any body it does not know to be
+// in memory: one write per request instead of two. It is still an
+// io.ByteWriter, so Request.Write does not add a buffer of its own, and it
+// flushes by itself past the buffer's size, so a large body still streams.
+type unbuffered struct{ *bufio.Writer }
 
 func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 	u := req.URL

@@ -135,13 +135,6 @@ func (pc *clientConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// requestWriter hides the *bufio.Writer type from Request.Write, which
-// flushes the headers on their own before any body it does not know to be
-// in memory: one write per request instead of two. It is still an
-// io.ByteWriter, so Request.Write does not add a buffer of its own, and it
-// flushes by itself past the buffer's size, so a large body still streams.
-type requestWriter struct{ *bufio.Writer }
-
 // abort is the request context's AfterFunc: closing the connection ends a
 // blocked write or read on it, with no goroutine waiting per request.
 func (pc *clientConn) abort() {
@@ -234,7 +227,7 @@ func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) 
 		pc.stop = context.AfterFunc(ctx, pc.abort)
 	}
 	pc.written, pc.unanswered = 0, true
-	err = req.Write(requestWriter{pc.bw})
+	err = h1.WriteRequest(pc.bw, req)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
