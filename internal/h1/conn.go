@@ -29,6 +29,9 @@ const (
 	// read and dropped to keep the connection (net/http's
 	// maxPostHandlerReadBytes); past it the connection is closed.
 	maxDiscardBody = 256 << 10
+	// discardTimeout bounds the wait for the rest of a body the handler
+	// did not read, before its answer is sent.
+	discardTimeout = 5 * time.Second
 	// clientWatchDelay is how long a request runs before its connection
 	// is watched for the client leaving, which cancels the request's
 	// context. Watching costs a goroutine and a read per request; a
@@ -306,7 +309,12 @@ func (c *conn) discardBody() bool {
 		return false
 	}
 	if c.body.remain > 0 {
+		// net/http waits for the rest as long as the client likes; a
+		// client that stalls here holds the answer back, so it gets
+		// discardTimeout, then the connection closes after the answer.
+		c.rwc.SetReadDeadline(time.Now().Add(discardTimeout))
 		io.Copy(io.Discard, &c.body)
+		c.rwc.SetReadDeadline(time.Time{})
 	}
 	return c.body.err == nil && c.body.remain == 0
 }

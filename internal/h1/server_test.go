@@ -399,3 +399,26 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestStalledUnreadBody: a client that stops sending a body the handler
+// did not read still gets its answer (with the connection closed after
+// it), rather than holding the connection's goroutine for good.
+func TestStalledUnreadBody(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "refused", http.StatusServiceUnavailable)
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a request whose body stalled: %v", err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Errorf("status %d close %v, want 503 and the connection closed", resp.StatusCode, resp.Close)
+	}
+}
