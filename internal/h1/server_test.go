@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -421,4 +422,46 @@ func TestStalledUnreadBody(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
 		t.Errorf("status %d close %v, want 503 and the connection closed", resp.StatusCode, resp.Close)
 	}
+}
+
+// FuzzConn sends arbitrary bytes on a connection: the server answers or
+// closes, within the test's deadline, and its own code never panics (a
+// handler's panic is the handler's; this one has none).
+func FuzzConn(f *testing.F) {
+	for _, s := range parseSeeds {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"))
+	var logged bytes.Buffer
+	var logMu sync.Mutex
+	addr, _ := startH1(f, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if len(b)%2 == 1 {
+			w.(http.Flusher).Flush()
+		}
+		w.Write(b)
+	}), func(std *http.Server, _ *Server) {
+		std.ErrorLog = log.New(lockedWriter{&logMu, &logged}, "", 0)
+		std.ReadHeaderTimeout = time.Second
+		std.IdleTimeout = time.Second
+	})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		c.Write(in)
+		c.(*net.TCPConn).CloseWrite()
+		if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("%q: the connection neither closed nor answered: %v", in, err)
+		}
+		logMu.Lock()
+		defer logMu.Unlock()
+		if strings.Contains(logged.String(), "h1: panic") {
+			t.Fatalf("%q: %s", in, logged.String())
+		}
+	})
 }
