@@ -58,6 +58,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzClassifyModern$$' -fuzztime 60s ./internal/proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHead$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadResponse$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzWatchStream$$' -fuzztime 60s ./internal/discovery/
 
 # bin/tether has every command; bin/tether-sidecar is the image's binary
 # (serve, explain, status and version only).
