@@ -42,7 +42,7 @@ conformance:
 # Go micro-benchmarks of the hot paths (pick, session lookup, the request
 # path), with allocations.
 microbench:
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/balancer/ ./internal/session/ ./internal/proxy/
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/balancer/ ./internal/session/ ./internal/proxy/ ./internal/h1/ ./internal/server/
 
 # The benchmark report (bench/README.md): the seed bug in network namespaces
 # with kube-proxy's iptables rules, overhead against direct/nginx/HAProxy,
