@@ -116,7 +116,9 @@ func parseContentLength(vv []string) (int64, bool) {
 // ParseFields parses header fields: "Name: value" lines ended by CRLF,
 // through the blank line that ends them (rest of a head after its first
 // line). Keys are made canonical (without an allocation for a key already
-// canonical or commonly sent); values are trimmed substrings of fields.
+// canonical or commonly sent); values are trimmed substrings of fields, so
+// a value kept beyond its request keeps the whole head in memory:
+// strings.Clone what is stored.
 // ok is false for anything RFC 9112 §5 lets a recipient reject: a name
 // that is not a token, a space before the colon, an obsolete line fold, a
 // value with control characters; and for more than maxHeaderLines fields.

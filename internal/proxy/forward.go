@@ -371,7 +371,10 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 
 	switch {
 	case x.route == routeNew:
-		sid := resp.Header.Get(headerSessionID)
+		// Copied: a header value shares the memory of the whole head it
+		// came in (h1 parses a head into substrings of one string), and
+		// the record keeps it for the session's life.
+		sid := strings.Clone(resp.Header.Get(headerSessionID))
 		if resp.StatusCode/100 != 2 || sid == "" {
 			break // a refused initialize, or a stateless server
 		}
@@ -385,7 +388,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 			BackendURL:      ep.String(),
 			BackendSID:      sid,
 			Init:            x.class.Body,
-			ProtocolVersion: x.class.ProtocolVersion,
+			ProtocolVersion: strings.Clone(x.class.ProtocolVersion),
 			Principal:       p.principal.digest(out.Header),
 			Created:         now,
 			LastUsed:        now,

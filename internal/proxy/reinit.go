@@ -252,7 +252,7 @@ func (p *Proxy) replayInitialize(ctx context.Context, ep *balancer.Endpoint, rec
 	if resp.StatusCode/100 != 2 {
 		return "", fmt.Errorf("initialize answered %s", resp.Status)
 	}
-	sid := resp.Header.Get(headerSessionID)
+	sid := strings.Clone(resp.Header.Get(headerSessionID)) // kept in the record: see forward's routeNew
 	if !validSessionID(sid) {
 		return "", errors.New("initialize answer carries no valid Mcp-Session-Id")
 	}
