@@ -51,6 +51,7 @@ var errHandOff = errors.New("h1: not a fast request")
 type conn struct {
 	srv    *Server
 	rwc    net.Conn
+	io     net.Conn // rwc's reads and writes (RawIO)
 	ctx    context.Context // parent of the requests' contexts
 	remote string
 	state  atomic.Int32
@@ -86,7 +87,7 @@ const (
 )
 
 func newConn(s *Server, rwc net.Conn, ctx context.Context) *conn {
-	c := &conn{srv: s, rwc: rwc, ctx: ctx, remote: rwc.RemoteAddr().String()}
+	c := &conn{srv: s, rwc: rwc, io: RawIO(rwc), ctx: ctx, remote: rwc.RemoteAddr().String()}
 	c.state.Store(stateActive)
 	c.body.c = c
 	return c
@@ -178,7 +179,7 @@ func (c *conn) readHead() (head, error) {
 		}
 		searched = c.w - c.r
 		c.makeRoom()
-		n, err := c.rwc.Read(c.buf[c.w:])
+		n, err := c.io.Read(c.buf[c.w:])
 		c.w += n
 		if err != nil && n == 0 {
 			return head{}, err
@@ -194,7 +195,7 @@ func (c *conn) waitRequest() error {
 	if !c.state.CompareAndSwap(stateActive, stateIdle) || c.srv.closing.Load() {
 		return net.ErrClosed
 	}
-	n, err := c.rwc.Read(c.buf)
+	n, err := c.io.Read(c.buf)
 	if !c.state.CompareAndSwap(stateIdle, stateActive) {
 		return net.ErrClosed // Shutdown closed it
 	}
@@ -349,7 +350,7 @@ func (b *body) Read(p []byte) (int, error) {
 		c.r += n
 	} else {
 		var err error
-		n, err = c.rwc.Read(p)
+		n, err = c.io.Read(p)
 		if err != nil && n == 0 {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF

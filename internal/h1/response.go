@@ -80,7 +80,7 @@ func (w *response) release() {
 func (w *response) buffers() *out {
 	if w.o == nil {
 		w.o = outs.Get().(*out)
-		w.o.bw.Reset(w.c.rwc)
+		w.o.bw.Reset(w.c.io)
 		w.o.head = w.o.head[:0]
 		w.o.pending = w.o.pending[:0]
 	}

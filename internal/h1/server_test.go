@@ -160,7 +160,7 @@ func TestWatchKeepsAPipelinedByte(t *testing.T) {
 	watching := make(chan struct{})
 	var srv *Server
 	var once sync.Once
-	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body) // the watch starts once the body is read
 		if r.URL.Path == "/slow" {
 			c := onlyConn(srv)
@@ -169,8 +169,10 @@ func TestWatchKeepsAPipelinedByte(t *testing.T) {
 			waitFor(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.hasPeeked })
 		}
 		fmt.Fprintf(w, "%s %s %s body=%q", r.Method, r.URL, r.Proto, body)
-	}), func(_ *http.Server, s *Server) { s.watchDelay = time.Millisecond })
-	srv = s
+	}), func(_ *http.Server, s *Server) {
+		s.watchDelay = time.Millisecond
+		srv = s // before Serve starts, so before any handler reads it
+	})
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

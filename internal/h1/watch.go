@@ -72,7 +72,7 @@ func (c *conn) startReadingLocked() {
 // left: the request's context is cancelled), a pipelined request's first
 // byte (kept for the next request), or the interruption stopWatch causes.
 func (c *conn) backgroundRead() {
-	n, err := c.rwc.Read(c.peeked[:])
+	n, err := c.io.Read(c.peeked[:])
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hasPeeked = n == 1

@@ -319,7 +319,7 @@ func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc := &clientConn{c: c, addr: addr, conn: conn, readLimit: math.MaxInt64}
+	pc := &clientConn{c: c, addr: addr, conn: h1.RawIO(conn), readLimit: math.MaxInt64}
 	pc.probed = pc.probe.init(conn)
 	pc.br = bufio.NewReader(pc)
 	pc.bw = bufio.NewWriter(pc)

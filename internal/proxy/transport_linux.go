@@ -53,7 +53,9 @@ func (p *stateProbe) peerGone() bool {
 // closing an idle connection with a 408, say).
 func (p *stateProbe) peekFD(fd uintptr) {
 	var b [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	// Raw: a non-blocking call needs none of the runtime's syscall
+	// bookkeeping (see h1.RawIO).
+	_, _, err := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	p.gone = err != syscall.EAGAIN && err != syscall.EINTR
 }
 

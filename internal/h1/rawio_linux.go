@@ -1,0 +1,129 @@
+package h1
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// RawIO returns c with its reads and writes made as raw system calls when
+// c is a TCP connection: the socket is non-blocking, so a read or write
+// never blocks in the kernel, and the runtime's bookkeeping for a call
+// that might (entersyscall) is waste. Worse, a process that has gone idle
+// wakes the runtime's sysmon thread on its next such call, which then
+// polls every 20 µs for a millisecond: a sixth of a proxy's CPU when
+// requests come a millisecond apart (golang/go#18236). Waiting is still
+// the runtime's network poller's (syscall.RawConn), so deadlines, Close
+// and cancellation behave as they do for c. Other connections come back
+// as they are.
+//
+// The result serves one reader and one writer at a time, as a connection
+// carrying HTTP/1.1 does.
+func RawIO(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	r := &rawConn{TCPConn: tc, rc: rc}
+	// Bound once: a closure per call would allocate.
+	r.readFD, r.writeFD = r.readOnce, r.writeAll
+	return r
+}
+
+type rawConn struct {
+	*net.TCPConn
+	rc              syscall.RawConn
+	readFD, writeFD func(fd uintptr) bool
+	rbuf            []byte
+	rn              int
+	rerr            syscall.Errno
+	wbuf            []byte
+	wn              int
+	werr            syscall.Errno
+}
+
+func (c *rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.rbuf, c.rn, c.rerr = p, 0, 0
+	err := c.rc.Read(c.readFD)
+	c.rbuf = nil
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case c.rerr != 0:
+		return 0, c.opError("read", os.NewSyscallError("read", c.rerr))
+	case c.rn == 0:
+		return 0, io.EOF
+	}
+	return c.rn, nil
+}
+
+// readOnce is one read(2); false asks the poller to wait for data.
+func (c *rawConn) readOnce(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+			c.rn = int(n)
+		default:
+			c.rerr = e
+		}
+		return true
+	}
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.wbuf, c.wn, c.werr = p, 0, 0
+	err := c.rc.Write(c.writeFD)
+	c.wbuf = nil
+	switch {
+	case err != nil:
+		return c.wn, c.opError("write", err)
+	case c.werr != 0:
+		return c.wn, c.opError("write", os.NewSyscallError("write", c.werr))
+	}
+	return c.wn, nil
+}
+
+// writeAll writes what is left of wbuf; false asks the poller to wait for
+// room. MSG_NOSIGNAL: a peer gone is an EPIPE error, not a signal.
+func (c *rawConn) writeAll(fd uintptr) bool {
+	for c.wn < len(c.wbuf) {
+		rest := c.wbuf[c.wn:]
+		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)), syscall.MSG_NOSIGNAL, 0, 0)
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		case 0:
+			c.wn += int(n)
+		default:
+			c.werr = e
+			return true
+		}
+	}
+	return true
+}
+
+// opError wraps err as net.Conn's own methods do, so that callers'
+// errors.Is (os.ErrDeadlineExceeded, net.ErrClosed, syscall.ECONNRESET)
+// and net.Error checks see what they would see without RawIO.
+func (c *rawConn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}

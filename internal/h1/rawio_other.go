@@ -1,0 +1,8 @@
+//go:build !linux
+
+package h1
+
+import "net"
+
+// RawIO returns c: raw system calls are made on Linux only.
+func RawIO(c net.Conn) net.Conn { return c }
