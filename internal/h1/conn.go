@@ -51,7 +51,7 @@ var errHandOff = errors.New("h1: not a fast request")
 type conn struct {
 	srv    *Server
 	rwc    net.Conn
-	io     net.Conn // rwc's reads and writes (RawIO)
+	io     net.Conn        // rwc's reads and writes (RawIO)
 	ctx    context.Context // parent of the requests' contexts
 	remote string
 	state  atomic.Int32
