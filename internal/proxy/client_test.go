@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // rawBackend accepts connections and answers each request read on them
@@ -382,38 +384,11 @@ func TestClientHTTPSBackend(t *testing.T) {
 // BenchmarkBackendRoundTrip is one follow-up's round trip to a backend
 // (a one-event SSE answer, chunked, as go-sdk sends it) through tether's
 // client and through the http.Transport it replaced; the backend is a raw
-// loop in this process, so both count its few allocations.
+// loop in this process that allocates nothing per request.
 func BenchmarkBackendRoundTrip(b *testing.B) {
 	const answer = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nMcp-Session-Id: s1\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"4a\r\nevent: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[],\"x\":\"y\"}}\r\n\r\n\r\n0\r\n\r\n"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					if _, err := io.WriteString(c, answer); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	url := "http://" + ln.Addr().String() + "/mcp"
+	url := "http://" + testkit.CannedBackend(b, answer) + "/mcp"
 	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
 	for _, tt := range []struct {
 		name string

@@ -2,13 +2,13 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"testing"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // BenchmarkFollowUp is one follow-up through the whole server, as the
@@ -19,7 +19,8 @@ import (
 //
 //	go test -run '^$' -bench 'FollowUp$' -benchmem ./internal/server/
 func BenchmarkFollowUp(b *testing.B) {
-	backend := cannedBackend(b)
+	body := `{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"hello"}]}}`
+	backend := testkit.CannedBackend(b, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: canned-session\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 	s := startServer(b, testConfig(b, "http://"+backend))
 	c, err := net.Dial("tcp", s.ClientAddr().String())
 	if err != nil {
@@ -45,7 +46,7 @@ func BenchmarkFollowUp(b *testing.B) {
 		if _, err := c.Write(req); err != nil {
 			b.Fatal(err)
 		}
-		if buf, err = readCanned(br, buf); err != nil {
+		if buf, err = testkit.ReadMessage(br, buf); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -57,62 +58,4 @@ func BenchmarkFollowUp(b *testing.B) {
 	for range b.N {
 		followUp()
 	}
-}
-
-// cannedBackend answers every request with a JSON-RPC result of known
-// length and a session id, from bytes built once.
-func cannedBackend(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	body := `{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"hello"}]}}`
-	answer := []byte(fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: canned-session\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				var buf []byte
-				for {
-					if buf, err = readCanned(br, buf); err != nil {
-						return
-					}
-					if _, err := c.Write(answer); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
-// readCanned reads one HTTP message with a Content-Length body (or none)
-// into buf, allocating only to grow it.
-func readCanned(br *bufio.Reader, buf []byte) ([]byte, error) {
-	buf = buf[:0]
-	length := 0
-	for {
-		line, err := br.ReadSlice('\n')
-		if err != nil {
-			return buf, err
-		}
-		if len(line) <= 2 {
-			break
-		}
-		if k, v, ok := bytes.Cut(line, []byte(":")); ok && bytes.EqualFold(k, []byte("Content-Length")) {
-			if length, err = strconv.Atoi(string(bytes.TrimSpace(v))); err != nil {
-				return buf, err
-			}
-		}
-	}
-	buf = append(buf, make([]byte, length)...)
-	_, err := io.ReadFull(br, buf[:length])
-	return buf, err
 }
