@@ -39,6 +39,20 @@ func startH1(t testing.TB, h http.Handler, configure ...func(*http.Server, *Serv
 	return ln.Addr().String(), s
 }
 
+// dial connects to addr for the rest of the test, with a deadline a
+// loaded machine meets: a server that neither answers nor closes fails
+// the test instead of hanging it.
+func dial(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c
+}
+
 // startStd serves h with net/http's server alone, for comparison.
 func startStd(t testing.TB, h http.Handler) string {
 	t.Helper()
@@ -79,12 +93,7 @@ func (x exchange) String() string {
 // second request on the same connection to learn whether it stayed open.
 func send(t *testing.T, addr, raw string) exchange {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dial(t, addr)
 	if _, err := io.WriteString(c, raw); err != nil {
 		t.Fatal(err)
 	}

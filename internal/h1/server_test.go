@@ -48,12 +48,7 @@ func TestHandedOver(t *testing.T) {
 		{"after a fast request", "GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.0\r\n\r\n", `GET /slow HTTP/1.0 body=""`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
+			c := dial(t, addr)
 			io.WriteString(c, tc.req)
 			if cw, ok := c.(*net.TCPConn); ok && !strings.Contains(tc.req, "/fast") {
 				cw.CloseWrite()
@@ -97,12 +92,7 @@ func TestHandedOver(t *testing.T) {
 // on one connection.
 func TestKeepAliveAndPipelining(t *testing.T) {
 	addr, _ := startH1(t, http.HandlerFunc(echo))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dial(t, addr)
 	var reqs strings.Builder
 	for i := range 20 {
 		fmt.Fprintf(&reqs, "POST /%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n%d", i, i%10)
@@ -173,12 +163,7 @@ func TestWatchKeepsAPipelinedByte(t *testing.T) {
 		s.watchDelay = time.Millisecond
 		srv = s // before Serve starts, so before any handler reads it
 	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dial(t, addr)
 	io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
 	<-watching
 	io.WriteString(c, "POST /next HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb")
@@ -224,12 +209,7 @@ func TestShutdown(t *testing.T) {
 		}
 		io.WriteString(w, "done")
 	}))
-	idle, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idle.Close()
-	idle.SetDeadline(time.Now().Add(20 * time.Second))
+	idle := dial(t, addr)
 	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	idleBR := bufio.NewReader(idle)
 	if resp, err := http.ReadResponse(idleBR, nil); err != nil {
@@ -238,12 +218,7 @@ func TestShutdown(t *testing.T) {
 		io.ReadAll(resp.Body)
 	}
 
-	busy, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	busy.SetDeadline(time.Now().Add(20 * time.Second))
+	busy := dial(t, addr)
 	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-inHandler
 
@@ -340,12 +315,7 @@ func TestBodyDeadline(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	}))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dial(t, addr)
 	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -410,12 +380,7 @@ func TestStalledUnreadBody(t *testing.T) {
 	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "refused", http.StatusServiceUnavailable)
 	}))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(30 * time.Second))
+	c := dial(t, addr)
 	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -449,12 +414,7 @@ func FuzzConn(f *testing.F) {
 		std.IdleTimeout = time.Second
 	})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
+		c := dial(t, addr)
 		c.Write(in)
 		c.(*net.TCPConn).CloseWrite()
 		if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
