@@ -35,7 +35,6 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	handoff   *handoffListener
-	fallback  chan error // Serve's return value of the wrapped server
 	closing   atomic.Bool
 
 	// watchDelay is clientWatchDelay; tests shorten it.
@@ -78,9 +77,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.listeners[ln] = struct{}{}
 	s.handoff = newHandoffListener(ln.Addr())
-	s.fallback = make(chan error, 1)
 	s.mu.Unlock()
-	go func() { s.fallback <- s.std.Serve(s.handoff) }()
+	// It returns when Shutdown or Close closes the hand-off listener.
+	go s.std.Serve(s.handoff)
 
 	base := context.Background()
 	if s.std.BaseContext != nil {
