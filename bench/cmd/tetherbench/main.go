@@ -4,6 +4,7 @@
 // -readme, replaces the figures block of bench/README.md.
 //
 //	tetherbench [report] [-full] [-out DIR] [-scenarios seed,overhead,failover,placement]
+//	tetherbench cpu [-tether A,B] [-rounds N]   proxy CPU per 1,000 follow-ups only, quickly
 //
 // The other commands are the roles it runs as separate processes:
 //
@@ -48,8 +49,10 @@ func run(args []string) int {
 		err = driveCommand(ctx, args)
 	case "tether-profiled":
 		err = profiledTetherCommand(ctx, args)
+	case "cpu":
+		err = cpuCommand(ctx, args)
 	default:
-		err = fmt.Errorf("unknown command %q (want report, backends, drive or tether-profiled)", cmd)
+		err = fmt.Errorf("unknown command %q (want report, cpu, backends, drive or tether-profiled)", cmd)
 	}
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "tetherbench:", err)

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// cpuCommand measures proxy CPU per 1,000 follow-ups, the overhead
+// scenario's CPU figure, without its rate search: every target in turn at
+// one fixed rate, for several interleaved rounds. Several tether binaries
+// may be given, so that two builds are compared in one run against the same
+// nginx and HAProxy:
+//
+//	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/a,/tmp/b -rounds 6
+//
+// It prints each round's figures and the median per target, with its ratio
+// to nginx's. The figures are not the report's (no latency, no rate
+// search); they answer "did this change make tether cheaper than that
+// one", quickly.
+func cpuCommand(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("cpu", flag.ContinueOnError)
+	tethers := fs.String("tether", "", "comma-separated tether binaries (default: go build ./cmd/tether)")
+	rate := fs.Float64("rate", 1000, "follow-ups per second, open loop")
+	dur := fs.Duration("round", 3*time.Second, "length of one target's turn in a round")
+	rounds := fs.Int("rounds", 5, "interleaved rounds")
+	sessions := fs.Int("sessions", 32, "live sessions per target")
+	others := fs.Bool("others", true, "also measure nginx and HAProxy")
+	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	logDir, err := os.MkdirTemp("", "tetherbench-cpu-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		fmt.Fprintln(os.Stderr, "logs in", logDir)
+	} else {
+		defer os.RemoveAll(logDir)
+	}
+	bins := strings.Split(*tethers, ",")
+	if *tethers == "" {
+		bin, err := buildTether(logDir)
+		if err != nil {
+			return err
+		}
+		bins = []string{bin}
+	}
+	if err := ensureTools(func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }, "nginx", "haproxy"); err != nil {
+		return err
+	}
+
+	backends, addrs, names, err := startBackends(logDir, "backends", nil, "-names", "b0,b1,b2", "-named-ids")
+	if err != nil {
+		return err
+	}
+	defer backends.stop()
+	var urls []string
+	for _, n := range names {
+		urls = append(urls, "http://"+addrs[n])
+	}
+	type target struct {
+		name  string
+		base  string
+		procs []*proc
+		live  []liveSession
+		cpu   []float64 // s per 1k, per round
+	}
+	var targets []*target
+	for i, bin := range bins {
+		p, url, err := startTether(ctx, bin, logDir, fmt.Sprintf("tether-%d", i), urls)
+		if err != nil {
+			return err
+		}
+		defer p.stop()
+		targets = append(targets, &target{name: bin, base: url, procs: []*proc{p}})
+	}
+	if *others {
+		ngx, ngxURL, _, err := startNginx(ctx, logDir, names, addrs)
+		if err != nil {
+			return err
+		}
+		defer ngx.stop()
+		hap, hapURL, err := startHAProxy(ctx, logDir, names, addrs)
+		if err != nil {
+			return err
+		}
+		defer hap.stop()
+		targets = append(targets, &target{name: "nginx", base: ngxURL, procs: []*proc{ngx}},
+			&target{name: "HAProxy", base: hapURL, procs: []*proc{hap}})
+	}
+	httpc := newClient()
+	for _, t := range targets {
+		for range *sessions {
+			sid, backend, err := openSession(ctx, httpc, t.base+"/mcp")
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			t.live = append(t.live, liveSession{url: t.base + "/mcp", header: mcpHeaders(sid), backend: backend})
+		}
+		attack(ctx, followUpTargeter(t.live), *rate, time.Second, 2000) // warm up
+	}
+	for round := range *rounds {
+		for _, t := range targets {
+			pids := procPids(t.procs)
+			before := treeUsage(pids...)
+			r := attack(ctx, followUpTargeter(t.live), *rate, *dur, 2000)
+			after := treeUsage(pids...)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s := summarize(r.Samples, *dur)
+			per1k := cpuPer1k(after.CPU-before.CPU, len(r.Samples))
+			t.cpu = append(t.cpu, per1k)
+			fmt.Printf("round %d %-24s %5d req  %.3f s/1k  p99 %.2fms  errors %v\n", round+1, t.name, len(r.Samples), per1k, ms(s.P99), s.Errors)
+		}
+	}
+	median := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	var ngx float64
+	for _, t := range targets {
+		if t.name == "nginx" {
+			ngx = median(t.cpu)
+		}
+	}
+	fmt.Println()
+	for _, t := range targets {
+		m := median(t.cpu)
+		ratio := ""
+		if ngx > 0 {
+			ratio = fmt.Sprintf("  %.2f× nginx", m/ngx)
+		}
+		fmt.Printf("%-24s median %.3f s/1k%s\n", t.name, m, ratio)
+	}
+	return nil
+}
