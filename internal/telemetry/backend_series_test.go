@@ -111,3 +111,56 @@ func backendSeries(t *testing.T, m *telemetry.Metrics) int {
 	}
 	return n
 }
+
+// A backend that leaves and comes back under the same URL (a pod IP reused)
+// counts in its registered series again: the per-series cache behind
+// Request forgets what RetainBackends deletes, so no count goes to a series
+// the registry no longer holds. Statuses outside 0..599 share one series.
+func TestRequestsCountAfterBackendReturns(t *testing.T) {
+	m := telemetry.NewMetrics(telemetry.MetricsOptions{})
+	const a, b = "http://10.0.0.1:8080", "http://10.0.0.2:8080"
+	count := func(backend, code string) float64 {
+		t.Helper()
+		for _, f := range gather(t, m) {
+			if f.GetName() != "tether_requests_total" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range s.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["backend"] == backend && labels["code"] == code {
+					return s.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+	for range 3 {
+		m.Request("sticky", "legacy", "tools/call", a, 200, time.Millisecond)
+	}
+	m.Request("sticky", "legacy", "tools/call", b, 200, time.Millisecond)
+	if got := count(a, "200"); got != 3 {
+		t.Fatalf("a before it left: %v requests, want 3", got)
+	}
+	m.RetainBackends([]string{b}) // a leaves
+	if got := count(a, "200"); got != 0 {
+		t.Fatalf("a after it left: %v requests, want its series gone", got)
+	}
+	m.RetainBackends([]string{a, b}) // and comes back
+	m.Request("sticky", "legacy", "tools/call", a, 200, time.Millisecond)
+	m.Request("sticky", "legacy", "tools/call", b, 200, time.Millisecond)
+	if got := count(a, "200"); got != 1 {
+		t.Fatalf("a after it came back: %v requests, want 1", got)
+	}
+	if got := count(b, "200"); got != 2 {
+		t.Fatalf("b, which stayed: %v requests, want 2", got)
+	}
+	for _, status := range []int{600, 999, -5} {
+		m.Request("sticky", "legacy", "tools/call", b, status, time.Millisecond)
+	}
+	if got := count(b, "other"); got != 3 {
+		t.Fatalf("statuses outside 0..599: %v requests under code other, want 3", got)
+	}
+}

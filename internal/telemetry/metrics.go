@@ -1,8 +1,11 @@
 package telemetry
 
 import (
+	"maps"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +28,11 @@ type Metrics struct {
 	storeDegraded   prometheus.Gauge
 	limitRejections *prometheus.CounterVec
 	tasks           taskMetrics
+
+	// series caches each request series' collectors (Request), copied on
+	// write; seriesMu serialises its writers, RetainBackends included.
+	series   atomic.Pointer[map[requestKey]*requestSeries]
+	seriesMu sync.Mutex
 }
 
 // EndpointStat is one endpoint as the metrics see it at scrape time.
@@ -163,8 +171,62 @@ func (m *Metrics) Request(route, era, method, backend string, status int, d time
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(route, era, method, backend, codeLabel(status)).Inc()
-	m.requestDuration.WithLabelValues(route).Observe(d.Seconds())
+	if status < 0 || status >= len(codes) {
+		status = -1 // one "other" series, whatever a backend sends
+	}
+	k := requestKey{route, era, method, backend, status}
+	var rs *requestSeries
+	if cached := m.series.Load(); cached != nil {
+		rs = (*cached)[k]
+	}
+	if rs == nil {
+		rs = m.newRequestSeries(k)
+	}
+	rs.count.Inc()
+	rs.duration.Observe(d.Seconds())
+}
+
+// requestKey is one request series' label values (the status as a number).
+type requestKey struct {
+	route, era, method, backend string
+	status                      int
+}
+
+// requestSeries are the collectors one request counts in, resolved once:
+// WithLabelValues validates, hashes and looks up every label value under
+// the vector's lock on each call, which is most of what counting a request
+// costs. The cache is as bounded as the series are (the labels come from
+// bounded sets and the current backends).
+type requestSeries struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
+}
+
+// newRequestSeries resolves and caches k's collectors. The cache is copied
+// on write (a new series is rare once traffic has flowed), so that reading
+// it takes no lock. seriesMu orders writers with RetainBackends: a series
+// deleted there is never cached after.
+func (m *Metrics) newRequestSeries(k requestKey) *requestSeries {
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	var old map[requestKey]*requestSeries
+	if cached := m.series.Load(); cached != nil {
+		old = *cached
+	}
+	if rs := old[k]; rs != nil {
+		return rs
+	}
+	rs := &requestSeries{
+		count:    m.requests.WithLabelValues(k.route, k.era, k.method, k.backend, codeLabel(k.status)),
+		duration: m.requestDuration.WithLabelValues(k.route),
+	}
+	next := maps.Clone(old)
+	if next == nil {
+		next = make(map[requestKey]*requestSeries)
+	}
+	next[k] = rs
+	m.series.Store(&next)
+	return rs
 }
 
 // RetainBackends deletes the tether_requests_total series of every backend
@@ -200,8 +262,15 @@ func (m *Metrics) RetainBackends(urls []string) {
 			}
 		}
 	}
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
 	for backend := range gone {
 		m.requests.DeletePartialMatch(prometheus.Labels{"backend": backend})
+	}
+	if cached := m.series.Load(); cached != nil {
+		next := maps.Clone(*cached)
+		maps.DeleteFunc(next, func(k requestKey, _ *requestSeries) bool { return gone[k.backend] })
+		m.series.Store(&next)
 	}
 }
 
