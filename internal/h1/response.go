@@ -93,10 +93,11 @@ func (w *response) Header() http.Header { return w.header }
 // over the header of a backend's answer instead of copying it, field by
 // field, into Header. What the handler has set already is kept, its values
 // ahead of h's, as if h's had been added to it. From then on h is the
-// response's: Header returns it, and the caller must not use it otherwise.
-// It reports false, and changes nothing, once the head is set
-// (WriteHeader): the header is read then. (net/http's ResponseWriter
-// offers no such thing, and is copied into as before.)
+// response's header (Header returns it): a change to it is a change to the
+// answer, so the caller gives it up for anything else. It reports false,
+// and changes nothing, once the head is set (WriteHeader): the header is
+// read then. (net/http's ResponseWriter offers no such thing; a proxy
+// copies into its Header.)
 func (w *response) AdoptHeader(h http.Header) bool {
 	if w.wroteHeader || h == nil {
 		return false

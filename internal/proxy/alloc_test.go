@@ -13,7 +13,9 @@ import (
 )
 
 // maxOwnAllocs bounds the allocations of tether's own path for a sticky
-// follow-up (classify, session lookup, the outgoing request, the relay):
+// follow-up (classify, session lookup, the outgoing request, the relay)
+// through a transport other than tether's own client, which gets an
+// *http.Request (TestFollowUpAllocationsDirect has tether's client):
 // issue 12 sets 15. It is at 7 now: the exchange, the body, the outgoing
 // request, its header map (two), the body's GetBody, and the growth of the
 // client's header map.
