@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"golang.org/x/net/http/httpguts"
@@ -36,7 +37,7 @@ type unbuffered struct{ *bufio.Writer }
 func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 	u := req.URL
 	hasBody := req.Body != nil && req.Body != http.NoBody
-	if u == nil || u.Opaque != "" || len(req.Trailer) > 0 || len(req.TransferEncoding) > 0 || req.Close ||
+	if u == nil || len(req.Trailer) > 0 || len(req.TransferEncoding) > 0 || req.Close ||
 		req.ContentLength < 0 || req.ContentLength > 0 && !hasBody ||
 		req.ContentLength == 0 && hasBody { // net/http probes such a body
 		return errLeaveToNetHTTP
@@ -45,8 +46,8 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 	if host == "" {
 		host = u.Host
 	}
-	if !plainHost(host) || !validMethod(req.Method) {
-		return errLeaveToNetHTTP // net/http converts it, or refuses it
+	if !RequestWritable(req.Method, u, host) {
+		return errLeaveToNetHTTP
 	}
 	if req.Body != nil {
 		defer func() {
@@ -55,8 +56,38 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 			}
 		}()
 	}
-	b := bw.AvailableBuffer()
-	b = append(b, req.Method...)
+	b := AppendRequestHead(bw.AvailableBuffer(), req.Method, u, host, req.ContentLength)
+	// As net/http: its own User-Agent when there is none (AppendField
+	// writes one that is there).
+	if _, ok := req.Header["User-Agent"]; !ok {
+		b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
+	}
+	for k, vv := range req.Header {
+		b = AppendField(b, k, vv)
+	}
+	b = append(b, "\r\n"...)
+	if _, err := bw.Write(b); err != nil {
+		return err
+	}
+	return copyBody(bw, req.Body, req.ContentLength)
+}
+
+// RequestWritable reports whether WriteRequest writes a request of this
+// method, URL and Host itself, with AppendRequestHead: a method that is a
+// token, a URL that is not opaque, a valid Host of ASCII without a zone.
+// net/http converts any other Host (punycode), or refuses the request.
+func RequestWritable(method string, u *url.URL, host string) bool {
+	return u.Opaque == "" && plainHost(host) && validMethod(method)
+}
+
+// AppendRequestHead appends what WriteRequest writes of a request before
+// its header fields: the request line (HTTP/1.1, the URL's path and
+// query), the Host field, and, as net/http, a Content-Length for a body
+// and for the methods servers expect a body with, even when it is 0. The
+// request must be RequestWritable. After it come the fields
+// (AppendField), the blank line, and the body of contentLength bytes.
+func AppendRequestHead(b []byte, method string, u *url.URL, host string, contentLength int64) []byte {
+	b = append(b, method...)
 	b = append(b, ' ')
 	if path := u.EscapedPath(); path != "" {
 		b = append(b, path...)
@@ -70,37 +101,37 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, host...)
 	b = append(b, "\r\n"...)
-	// As net/http: its own User-Agent when there is none, the first value
-	// when there is one, nothing when that is empty.
-	if ua, ok := req.Header["User-Agent"]; !ok {
-		b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
-	} else if len(ua) > 0 && ua[0] != "" {
-		b = appendHeaderLine(b, "User-Agent", ua[0])
-	}
-	// As net/http: a length, even 0, for the methods servers expect a body
-	// with.
-	if req.ContentLength > 0 || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
+	if contentLength > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
 		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, req.ContentLength, 10)
+		b = strconv.AppendInt(b, contentLength, 10)
 		b = append(b, "\r\n"...)
 	}
-	for k, vv := range req.Header {
-		switch k {
-		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
-			continue // written above, or net/http's to write
+	return b
+}
+
+// AppendField appends the lines of the header field name with values vv as
+// WriteRequest writes them, as net/http's Request.Write does: nothing for
+// the fields the head has already (Host, Content-Length), those net/http
+// writes itself (Transfer-Encoding, Trailer), or a name that is not a
+// valid field name; a User-Agent's first value only, nothing when that is
+// empty; each value with its line breaks made spaces, trimmed.
+func AppendField(b []byte, name string, vv []string) []byte {
+	switch name {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+		return b // written by AppendRequestHead, or net/http's to write
+	case "User-Agent":
+		if len(vv) > 0 && vv[0] != "" {
+			b = appendHeaderLine(b, name, vv[0])
 		}
-		if !httpguts.ValidHeaderFieldName(k) {
-			continue
-		}
-		for _, v := range vv {
-			b = appendHeaderLine(b, k, v)
-		}
+		return b
 	}
-	b = append(b, "\r\n"...)
-	if _, err := bw.Write(b); err != nil {
-		return err
+	if !httpguts.ValidHeaderFieldName(name) {
+		return b
 	}
-	return copyBody(bw, req.Body, req.ContentLength)
+	for _, v := range vv {
+		b = appendHeaderLine(b, name, v)
+	}
+	return b
 }
 
 // copyBody copies n bytes of body into bw's buffer, flushing it as it

@@ -89,6 +89,31 @@ func (w *response) buffers() *out {
 
 func (w *response) Header() http.Header { return w.header }
 
+// AdoptHeader makes h the response's header map, so that a proxy hands
+// over the header of a backend's answer instead of copying it, field by
+// field, into Header. What the handler has set already is kept, its values
+// ahead of h's, as if h's had been added to it. From then on h is the
+// response's header (Header returns it): a change to it is a change to the
+// answer, so the caller gives it up for anything else. It reports false,
+// and changes nothing, once the head is set (WriteHeader): the header is
+// read then. (net/http's ResponseWriter offers no such thing; a proxy
+// copies into its Header.)
+func (w *response) AdoptHeader(h http.Header) bool {
+	if w.wroteHeader || h == nil {
+		return false
+	}
+	for k, vv := range w.header {
+		if hv, ok := h[k]; ok {
+			// A new array: the handler's may be shared.
+			h[k] = append(vv[:len(vv):len(vv)], hv...)
+		} else {
+			h[k] = vv
+		}
+	}
+	w.header = h
+	return true
+}
+
 func (w *response) WriteHeader(code int) {
 	if code < 100 || code > 999 {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code))

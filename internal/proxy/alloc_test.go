@@ -4,14 +4,18 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"testing"
 
 	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // maxOwnAllocs bounds the allocations of tether's own path for a sticky
-// follow-up (classify, session lookup, the outgoing request, the relay):
+// follow-up (classify, session lookup, the outgoing request, the relay)
+// through a transport other than tether's own client, which gets an
+// *http.Request (TestFollowUpAllocationsDirect has tether's client):
 // issue 12 sets 15. It is at 7 now: the exchange, the body, the outgoing
 // request, its header map (two), the body's GetBody, and the growth of the
 // client's header map.
@@ -39,6 +43,46 @@ func TestFollowUpAllocations(t *testing.T) {
 	t.Logf("allocations per follow-up: %.0f, of which the harness %.0f, tether %.0f", total, base, own)
 	if own > maxOwnAllocs {
 		t.Errorf("tether's own path allocates %.0f times per follow-up, want at most %d", own, maxOwnAllocs)
+	}
+	if own < 1 {
+		t.Errorf("tether's own path allocates %.0f times: the harness count is off", own)
+	}
+}
+
+// maxDirectAllocs bounds the allocations of tether's own path for a sticky
+// follow-up over tether's own HTTP/1.1 client, as the binary runs it
+// (TestFollowUpAllocations's transport is a canned one, handed the
+// *http.Request that other transports get). It is at 10 now: the exchange,
+// the body, the backend's answer as h1.ReadResponse reads it (the
+// response, its head as a string, the header map's two and its values),
+// the client's wrapper of the answer's body, and context.AfterFunc's two
+// (the context and its stop func; under h1 the request's own context
+// also makes its Done channel and its children's map for it). No header
+// map or *http.Request is made for the request to the backend, and the
+// answer's header map becomes the client's (the writer adopts it, as h1's
+// does).
+const maxDirectAllocs = 10
+
+func TestFollowUpAllocationsDirect(t *testing.T) {
+	body := `{"jsonrpc":"2.0","id":2,"result":{"content":[]}}`
+	backend := testkit.CannedBackend(t, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: bench-session\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	transport := proxy.NewTransport(false)
+	t.Cleanup(transport.CloseIdleConnections)
+	serve := cannedProxyAt(t, proxy.Config{Transport: transport}, "http://"+backend, true)
+	ctx := context.Background()
+	harness := func() {
+		w, r := cannedFollowUp(ctx)
+		io.Copy(io.Discard, r.Body) // read, as tether does
+		sink, sink = w, r
+	}
+	serve() // dials
+	base := testing.AllocsPerRun(1000, harness)
+	total := testing.AllocsPerRun(1000, serve)
+	// The canned backend allocates once per answer (io.WriteString).
+	own := total - base - 1
+	t.Logf("allocations per follow-up: %.0f, of which the harness %.0f and the backend 1, tether %.0f", total, base, own)
+	if own > maxDirectAllocs {
+		t.Errorf("tether's own path allocates %.0f times per follow-up, want at most %d", own, maxDirectAllocs)
 	}
 	if own < 1 {
 		t.Errorf("tether's own path allocates %.0f times: the harness count is off", own)

@@ -110,9 +110,17 @@ func BenchmarkServeHTTPFollowUpTelemetry(b *testing.B) {
 // cannedProxy builds a proxy on cfg in front of a canned backend, opens a
 // session through it, and returns a function sending one follow-up.
 func cannedProxy(tb testing.TB, cfg proxy.Config) func() {
+	cfg.Transport = cannedTransport{sid: "bench-session"}
+	return cannedProxyAt(tb, cfg, "http://127.0.0.1:9", false)
+}
+
+// cannedProxyAt is cannedProxy with cfg's transport to backend; the
+// answers go to a writer that adopts the backend's header, as h1's does,
+// when adopt is set.
+func cannedProxyAt(tb testing.TB, cfg proxy.Config, backend string, adopt bool) func() {
 	picker, _ := balancer.NewPicker("p2c", nil)
 	bal := balancer.New(balancer.Options{Picker: picker})
-	src, _ := discovery.NewStatic([]string{"http://127.0.0.1:9"})
+	src, _ := discovery.NewStatic([]string{backend})
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
 	synced := make(chan struct{})
@@ -121,7 +129,6 @@ func cannedProxy(tb testing.TB, cfg proxy.Config) func() {
 	store := session.NewMemory(session.MemoryOptions{})
 	tb.Cleanup(func() { store.Close() })
 	cfg.Balancer, cfg.Store = bal, store
-	cfg.Transport = cannedTransport{sid: "bench-session"}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	p := proxy.New(cfg)
 
@@ -132,6 +139,7 @@ func cannedProxy(tb testing.TB, cfg proxy.Config) func() {
 	}
 	return func() {
 		w, r := cannedFollowUp(ctx)
+		w.adopt = adopt
 		p.ServeHTTP(w, r)
 	}
 }

@@ -115,11 +115,25 @@ func (c cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}, nil
 }
 
-type discardWriter struct{ h http.Header }
+type discardWriter struct {
+	h     http.Header
+	adopt bool // AdoptHeader takes a header over, as h1's writer does
+}
 
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
+
+func (d *discardWriter) AdoptHeader(h http.Header) bool {
+	if !d.adopt || h == nil {
+		return false
+	}
+	for k, vv := range d.h {
+		h[k] = append(vv[:len(vv):len(vv)], h[k]...)
+	}
+	d.h = h
+	return true
+}
 
 // SetReadDeadline is what the server's writer offers for the body timeout
 // (without it, http.ResponseController's "not supported" error would be

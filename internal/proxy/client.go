@@ -8,7 +8,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -100,10 +99,12 @@ type clientConn struct {
 	// maxResponseHeadBytes while a head is read, unbounded otherwise.
 	readLimit int64
 	idleSince time.Time
-	// stop unregisters the current request's context.AfterFunc; aborted
-	// is set by that func, which closes the connection.
-	stop    func() bool
-	aborted atomic.Bool
+	// stop unregisters the current request's context.AfterFunc, abortFunc
+	// (pc.abort, made once rather than for each request); aborted is set
+	// by that func, which closes the connection.
+	stop      func() bool
+	abortFunc func()
+	aborted   atomic.Bool
 }
 
 // Read marks a reset that arrives before any byte of the answer (see
@@ -151,10 +152,6 @@ func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
 		c.tlsOnce.Do(func() { c.tls.Store(newHTTPTransport(c.dial)) })
 		return c.tls.Load().RoundTrip(req)
 	}
-	addr := req.URL.Host
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		addr = net.JoinHostPort(strings.Trim(addr, "[]"), "80")
-	}
 	ctx := req.Context()
 	if req.ContentLength == 0 && req.Body != nil && req.Body != http.NoBody {
 		// An empty body of unknown type would be sent chunked after
@@ -164,35 +161,114 @@ func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
 		again.Body = http.NoBody
 		req = &again
 	}
+	return c.send(ctx, dialAddr(req.URL.Host), request{req: req})
+}
+
+// forward sends a direct request (direct.go): RoundTrip and retryUnread
+// for a request that tether's client writes from the client's.
+func (c *client) forward(d *directRequest) (*http.Response, error) {
+	ctx := d.r.Context()
+	resp, err := c.send(ctx, d.addr, request{direct: d})
+	for range maxUnreadRetries {
+		if err == nil || !resendable(err) || ctx.Err() != nil {
+			break
+		}
+		resp, err = c.send(ctx, d.addr, request{direct: d})
+	}
+	return resp, err
+}
+
+// request is a request for the client to write: an *http.Request
+// (RoundTrip), or a direct request (forward), which has no header map.
+type request struct {
+	req    *http.Request
+	direct *directRequest
+}
+
+// write writes the request to bw.
+func (r request) write(bw *bufio.Writer) error {
+	if r.direct != nil {
+		return r.direct.write(bw)
+	}
+	return h1.WriteRequest(bw, r.req)
+}
+
+// http is the request the answer is read for (its method says whether
+// the answer has a body): a direct request's client's, whose method it
+// has.
+func (r request) http() *http.Request {
+	if r.direct != nil {
+		return r.direct.r
+	}
+	return r.req
+}
+
+// replayableBody reports whether the body can be sent again: a direct
+// request's is in memory.
+func (r request) replayableBody() bool {
+	if r.direct != nil {
+		return true
+	}
+	req := r.req
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// idempotent is net/http's Request.isReplayable without the body check.
+func (r request) idempotent() bool {
+	switch r.http().Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	if d := r.direct; d != nil {
+		return d.has("Idempotency-Key") || d.has("X-Idempotency-Key")
+	}
+	_, a := r.req.Header["Idempotency-Key"]
+	_, b := r.req.Header["X-Idempotency-Key"]
+	return a || b
+}
+
+// closes reports a request that asks for the connection to be closed.
+func (r request) closes() bool { return r.direct == nil && r.req.Close }
+
+// closeBody closes the body of a request that will not be written, as a
+// RoundTripper must.
+func (r request) closeBody() {
+	if r.req != nil {
+		closeRequestBody(r.req)
+	}
+}
+
+// send makes attempts on pooled or new connections to addr until one
+// gets an answer or fails in a way the backend may have seen.
+func (c *client) send(ctx context.Context, addr string, r request) (*http.Response, error) {
 	for {
-		resp, pc, err := c.roundTrip(ctx, addr, req)
+		resp, pc, err := c.roundTrip(ctx, addr, r)
 		if err == nil {
 			return resp, nil
 		}
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		if pc == nil || !pc.reused || !c.retryable(pc, req, err) {
+		if pc == nil || !pc.reused || !c.retryable(pc, r, err) {
 			return nil, err
 		}
-		if req.Body != nil && req.Body != http.NoBody {
+		if req := r.req; req != nil && req.Body != nil && req.Body != http.NoBody {
 			body, gerr := req.GetBody()
 			if gerr != nil {
 				return nil, err
 			}
 			again := *req
 			again.Body = body
-			req = &again
+			r.req = &again
 		}
 	}
 }
 
 // retryable reports whether a request that failed on the pooled connection
 // pc may be sent again on another: the backend cannot have seen it.
-func (c *client) retryable(pc *clientConn, req *http.Request, err error) bool {
-	replayableBody := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+func (c *client) retryable(pc *clientConn, r request, err error) bool {
 	if pc.written == 0 {
-		return replayableBody // nothing left tether
+		return r.replayableBody() // nothing left tether
 	}
 	if isUnread(err) {
 		return false // retryUnread's, bounded there
@@ -200,34 +276,24 @@ func (c *client) retryable(pc *clientConn, req *http.Request, err error) bool {
 	// No byte of an answer on a connection that carried one before: the
 	// backend closed it, as net/http reads it, before taking the request.
 	// net/http sends such a request again only when it is idempotent.
-	return pc.unanswered && replayableBody && idempotent(req)
-}
-
-// idempotent is net/http's Request.isReplayable without the body check.
-func idempotent(req *http.Request) bool {
-	switch req.Method {
-	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	_, a := req.Header["Idempotency-Key"]
-	_, b := req.Header["X-Idempotency-Key"]
-	return a || b
+	return pc.unanswered && r.replayableBody() && r.idempotent()
 }
 
 // roundTrip makes one attempt on one connection. pc is the connection the
 // request was written into, nil when none could be had.
-func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) (*http.Response, *clientConn, error) {
+func (c *client) roundTrip(ctx context.Context, addr string, r request) (*http.Response, *clientConn, error) {
 	pc, err := c.conn(ctx, addr)
 	if err != nil {
-		closeRequestBody(req)
+		r.closeBody()
 		return nil, nil, err
 	}
 	if ctx.Done() != nil {
 		pc.aborted.Store(false)
-		pc.stop = context.AfterFunc(ctx, pc.abort)
+		pc.stop = context.AfterFunc(ctx, pc.abortFunc)
 	}
 	pc.written, pc.unanswered = 0, true
-	err = h1.WriteRequest(pc.bw, req)
+	req := r.http()
+	err = r.write(pc.bw)
 	if err == nil {
 		err = pc.bw.Flush()
 	}
@@ -260,7 +326,7 @@ func (c *client) roundTrip(ctx context.Context, addr string, req *http.Request) 
 		resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: false}
 		return resp, pc, nil
 	}
-	reuse := !resp.Close && !req.Close
+	reuse := !resp.Close && !r.closes()
 	if resp.Body == http.NoBody {
 		pc.release(reuse)
 		return resp, pc, nil
@@ -320,6 +386,7 @@ func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
 		return nil, err
 	}
 	pc := &clientConn{c: c, addr: addr, conn: h1.RawIO(conn), readLimit: math.MaxInt64}
+	pc.abortFunc = pc.abort
 	pc.probed = pc.probe.init(conn)
 	pc.br = bufio.NewReader(pc)
 	pc.bw = bufio.NewWriter(pc)
@@ -336,11 +403,9 @@ func (c *client) takeIdle(addr string) *clientConn {
 		}
 		pc := conns[len(conns)-1]
 		conns[len(conns)-1] = nil
-		if len(conns) == 1 {
-			delete(c.idle, addr)
-		} else {
-			c.idle[addr] = conns[:len(conns)-1]
-		}
+		// Emptied, the list stays, for put to append to without an
+		// allocation (closeExpired drops it once the backend is quiet).
+		c.idle[addr] = conns[:len(conns)-1]
 		c.nidle--
 		if time.Since(pc.idleSince) < idleConnTimeout {
 			pc.reused = true

@@ -10,11 +10,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -418,5 +424,108 @@ func BenchmarkBackendRoundTrip(b *testing.B) {
 				resp.Body.Close()
 			}
 		})
+	}
+}
+
+// A direct request (direct.go) that fails on a pooled connection the
+// backend closed after reading it is sent again on a fresh one when it is
+// idempotent, and the copy is the request itself: the same head, with the
+// header as tether rewrote it, and the same body. Whether it is idempotent
+// is read from the header as sent: an Idempotency-Key that the client's
+// Connection header names is not sent, and the request is not repeated.
+func TestClientResendsDirectRequest(t *testing.T) {
+	type seen struct {
+		uri, host string
+		header    http.Header
+	}
+	run := func(t *testing.T, connection string) ([]seen, error) {
+		var mu sync.Mutex
+		var got []seen
+		// What the backend read, once the client has its answer or error:
+		// the backend records a request before it answers or closes.
+		seenSoFar := func() []seen {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(got)
+		}
+		b := startRawBackend(t, func(c net.Conn, n int, req *http.Request) bool {
+			mu.Lock()
+			got = append(got, seen{req.RequestURI, req.Host, req.Header.Clone()})
+			mu.Unlock()
+			if n == 1 {
+				return false // read the second request, then close without a word
+			}
+			_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return err == nil
+		})
+		c := newClient(DialBackend)
+		t.Cleanup(c.CloseIdleConnections)
+		p := &Proxy{direct: c}
+		h := http.Header{
+			"Content-Type":    {"application/json"},
+			"Mcp-Session-Id":  {"sid-client"},
+			"Idempotency-Key": {"k1"},
+			"User-Agent":      {"client/1"},
+			"Te":              {"trailers"},
+			"X-Hop":           {"must not pass"},
+			"Connection":      {connection},
+		}
+		r := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "front:8080", Header: h}).WithContext(context.Background())
+		x := &exchange{
+			ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: b.addr}},
+			route: routeSticky, rec: &session.Record{ClientSID: "sid-client"}, backendSID: "sid-backend",
+		}
+		x.class.Body = []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`)
+		for i := range 2 {
+			d := p.directRequest(r, x)
+			if d == nil {
+				t.Fatal("no direct request")
+			}
+			resp, err := c.forward(d)
+			if err != nil {
+				return seenSoFar(), err
+			}
+			if body := readAll(t, resp); body != "ok" {
+				t.Fatalf("request %d: body %q", i, body)
+			}
+		}
+		return seenSoFar(), nil
+	}
+
+	got, err := run(t, "X-Hop")
+	if err != nil {
+		t.Fatalf("idempotent request on a connection closed after reading it: %v", err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("backend read %d requests, want 3 (the second one twice)", len(got))
+	}
+	for i, s := range got {
+		if !reflect.DeepEqual(s, got[0]) {
+			t.Errorf("request %d: %+v\nwant what the first was: %+v", i, s, got[0])
+		}
+	}
+	want := http.Header{
+		"Content-Type":    {"application/json"},
+		"Mcp-Session-Id":  {"sid-backend"},
+		"Idempotency-Key": {"k1"},
+		"User-Agent":      {"client/1"},
+		"Te":              {"trailers"},
+		"Content-Length":  {"46"},
+	}
+	if s := got[0]; s.uri != "/mcp" || s.host != "front:8080" || !reflect.DeepEqual(s.header, want) {
+		t.Errorf("backend got %s for %s with %v\nwant /mcp for front:8080 with %v", s.uri, s.host, s.header, want)
+	}
+
+	got, err = run(t, "X-Hop, idempotency-key")
+	if err == nil {
+		t.Error("a request whose Idempotency-Key was not sent was sent again")
+	}
+	if len(got) != 2 {
+		t.Errorf("backend read %d requests, want 2", len(got))
+	}
+	for _, s := range got {
+		if _, ok := s.header["Idempotency-Key"]; ok {
+			t.Errorf("the Idempotency-Key the Connection header names was sent: %v", s.header)
+		}
 	}
 }

@@ -74,8 +74,16 @@ func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange)
 // nothing to the client; what it changes is the session store (the record
 // step) and x.newSID.
 func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
-	out := p.outgoingRequest(r, x)
-	resp, err := p.transport.RoundTrip(out)
+	var out sentRequest
+	var resp *http.Response
+	var err error
+	if d := p.directRequest(r, x); d != nil {
+		out.direct = d
+		resp, err = p.direct.forward(d)
+	} else {
+		out.req = p.outgoingRequest(r, x)
+		resp, err = p.transport.RoundTrip(out.req)
+	}
 	if err != nil {
 		if isDialError(err) {
 			// The connection was never established, so the backend never
@@ -100,10 +108,29 @@ func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 
 var errUnaskedSwitch = errors.New("backend switched protocols without being asked to")
 
+// sentRequest is the request an attempt sent: outgoingRequest's, or a
+// direct request.
+type sentRequest struct {
+	req    *http.Request
+	direct *directRequest
+}
+
+// header is the header the backend got. A direct request has no map: it
+// is built (record's rare uses: a new session's principal, a task's).
+func (s sentRequest) header() http.Header {
+	if s.direct != nil {
+		return s.direct.header()
+	}
+	return s.req.Header
+}
+
 // outgoingRequest builds the request for the current attempt's backend:
 // the client's request, without hop-by-hop headers, with the session id the
 // backend knows, Host, Origin and the forwarding headers as the client sent
-// them, and the body read by classify.
+// them, and the body read by classify. It is the request for a transport
+// other than tether's own client (h2c, an https backend, a
+// Config.Transport), and for what that client does not write itself;
+// directRequest is the same request without a map or a request of its own.
 func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 	o := &x.first
 	if x.attempts > 0 {
@@ -259,8 +286,18 @@ func removeHopByHopHeaders(h http.Header) {
 			}
 		}
 	}
-	for _, f := range hopHeaders {
-		delete(h, f)
+	if len(h) > len(hopHeaders) {
+		for _, f := range hopHeaders {
+			delete(h, f)
+		}
+		return
+	}
+	// A header no longer than the list, as an answer's usually is: its
+	// names are checked without hashing the list's.
+	for k := range h {
+		if isHopHeader(k) {
+			delete(h, k)
+		}
 	}
 }
 
@@ -346,7 +383,7 @@ func isHex(c byte) bool {
 // record is the record step: it runs after the backend answered and before
 // anything reaches the client. It returns a retry reason when the attempt
 // is safe to repeat, an error when the answer must not reach the client.
-func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *http.Response) outcome {
+func (p *Proxy) record(r *http.Request, x *exchange, out sentRequest, resp *http.Response) outcome {
 	ctx := r.Context()
 	ep := x.ep
 	if len(resp.Header[headerSessionID]) > 1 {
@@ -389,7 +426,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 			BackendSID:      sid,
 			Init:            x.class.Body,
 			ProtocolVersion: strings.Clone(x.class.ProtocolVersion),
-			Principal:       p.principal.digest(out.Header),
+			Principal:       p.principal.digest(out.header()),
 			Created:         now,
 			LastUsed:        now,
 		}
@@ -404,7 +441,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out *http.Request, resp *ht
 			resp.Body.Close()
 			p.log.Warn("backend minted a session id that a live session holds; initializing elsewhere",
 				"session", session.HashID(sid), "backend", ep.String())
-			p.deleteLater(ep, sid, p.replayContextOf(out.Host, r.URL.Path, out.Header, x, reasonIDTaken))
+			p.deleteLater(ep, sid, p.replayContextOf(r.Host, r.URL.Path, out.header(), x, reasonIDTaken))
 			return outcome{retry: reasonIDTaken, err: err}
 		}
 		if err != nil {
@@ -472,16 +509,19 @@ func (p *Proxy) answerFailure(w http.ResponseWriter, r *http.Request, x *exchang
 // (panic(http.ErrAbortHandler)), so the client sees it cut off rather than
 // complete.
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp *http.Response) {
-	h := w.Header()
-	for k, vv := range resp.Header {
-		// The backend's value lists become the client's: the response is
-		// tether's alone, and nobody writes into a header's values.
-		if prev, ok := h[k]; ok {
-			h[k] = append(prev, vv...)
-		} else {
-			h[k] = vv
+	if !adoptHeader(w, resp.Header) {
+		h := w.Header()
+		for k, vv := range resp.Header {
+			// The backend's value lists become the client's: the response
+			// is tether's alone, and nobody writes into a header's values.
+			if prev, ok := h[k]; ok {
+				h[k] = append(prev, vv...)
+			} else {
+				h[k] = vv
+			}
 		}
 	}
+	h := w.Header()
 	// The transport takes the Trailer header into resp.Trailer: announce
 	// the trailers again.
 	announced := len(resp.Trailer)
@@ -553,6 +593,25 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 			h.Add(http.TrailerPrefix+k, v)
 		}
 	}
+}
+
+// headerAdopter is a ResponseWriter that takes a header map over as its
+// own (h1's).
+type headerAdopter interface {
+	AdoptHeader(http.Header) bool
+}
+
+// adoptHeader makes the backend's header h the client's answer's, without
+// a copy, when w is h1's writer (behind the exchange's status recorder;
+// another wrapper may keep a header map of its own). It reports false when
+// h is to be copied into w.Header() instead: net/http's writer (a request
+// h1 handed off, h2c).
+func adoptHeader(w http.ResponseWriter, h http.Header) bool {
+	if sr, ok := w.(*statusRecorder); ok {
+		w = sr.ResponseWriter
+	}
+	a, ok := w.(headerAdopter)
+	return ok && a.AdoptHeader(h)
 }
 
 // When a response is flushed to the client while its body is copied.

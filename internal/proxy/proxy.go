@@ -108,6 +108,9 @@ type Proxy struct {
 	bal       *balancer.Balancer
 	store     session.Store
 	transport http.RoundTripper
+	// direct is the transport when it is tether's own client, which
+	// writes requests straight from the client's (direct.go).
+	direct    *client
 	maxBody   int64
 	maxInit   int64
 	reinitTTL time.Duration
@@ -171,6 +174,7 @@ func New(cfg Config) *Proxy {
 	if p.transport == nil {
 		p.transport = NewTransport(false)
 	}
+	p.direct, _ = p.transport.(*client)
 	p.transport = retryUnread{p.transport} // see unreadRequestError
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxBody
@@ -219,8 +223,11 @@ type exchange struct {
 	start time.Time
 	span  trace.Span // the server span; nil when tracing is off
 
-	// What attempts share (forward.go): the first attempt's URL and body
-	// reader live here, one allocation less; later ones get their own.
+	// What attempts share (forward.go): the direct request of every
+	// attempt on tether's own client (direct.go); for other transports, the
+	// first attempt's URL and body reader, one allocation less (later ones
+	// get their own).
+	direct   directRequest
 	first    outgoing
 	attempts int
 	getBody  func() (io.ReadCloser, error) // rebuilds the request body for the transport

@@ -89,13 +89,13 @@ func declaresTasks(params []byte) bool {
 // watchTaskCreation is the record step's part for tasks: it wraps the
 // answer to a request that may create a task so that the task's record is
 // stored before its id reaches the client.
-func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out *http.Request, resp *http.Response) {
+func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out sentRequest, resp *http.Response) {
 	if p.tasks == nil || x.class.Era != eraModern || x.class.Kind != kindRequest ||
 		!taskAugmentable(x.class.Method) || resp.StatusCode != http.StatusOK || !declaresTasks(x.class.Params) {
 		return
 	}
 	ep := x.ep
-	principal := p.principal.digest(out.Header)
+	principal := p.principal.digest(out.header())
 	ctx := r.Context()
 	resp.Body = watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) {
 		wctx, cancel := context.WithTimeout(ctx, taskRecordTimeout)

@@ -128,6 +128,10 @@ func closedWhileIdle(err error) bool {
 	return err != nil && strings.HasSuffix(err.Error(), "http: server closed idle connection")
 }
 
+// resendable reports an error after which retryUnread sends the request
+// again.
+func resendable(err error) bool { return isUnread(err) || closedWhileIdle(err) }
+
 // maxUnreadRetries bounds how often retryUnread sends one request again.
 const maxUnreadRetries = 2
 
@@ -143,7 +147,7 @@ type retryUnread struct{ next http.RoundTripper }
 func (r retryUnread) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := r.next.RoundTrip(req)
 	for range maxUnreadRetries {
-		if err == nil || !(isUnread(err) || closedWhileIdle(err)) || req.Context().Err() != nil {
+		if err == nil || !resendable(err) || req.Context().Err() != nil {
 			break
 		}
 		if req.Body != nil && req.Body != http.NoBody {
