@@ -150,3 +150,15 @@ func TestCanonicalKey(t *testing.T) {
 		t.Errorf("canonicalKey of a common key in lower case: %v allocations, want 0", n)
 	}
 }
+
+// BenchmarkParseFields parses the header fields of a follow-up as MCP
+// clients send it.
+func BenchmarkParseFields(b *testing.B) {
+	fields := "Host: tether\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: 0123456789abcdef\r\nUser-Agent: node\r\nAccept-Encoding: gzip, deflate\r\nContent-Length: 42\r\n\r\n"
+	b.ReportAllocs()
+	for range b.N {
+		if _, ok := ParseFields(fields); !ok {
+			b.Fatal("not parsed")
+		}
+	}
+}
