@@ -38,21 +38,58 @@ var methods = map[string]string{
 	http.MethodPut: http.MethodPut, http.MethodPatch: http.MethodPatch, http.MethodOptions: http.MethodOptions,
 }
 
-// commonKeys interns the canonical names of the headers MCP clients send,
-// so that a request's header keys are mostly not allocations.
-var commonKeys = func() map[string]string {
-	m := make(map[string]string)
-	for _, k := range []string{
-		"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Baggage", "Cache-Control",
-		"Connection", "Content-Length", "Content-Type", "Cookie", "Forwarded", "Host", "Last-Event-Id",
-		"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
-		"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
-		"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
-	} {
-		m[k] = k
+// commonKeys are the canonical names of the headers MCP clients send
+// (and backends answer with), interned so that a head's keys are mostly
+// not allocations. At most 64: a head notes the ones it has seen in a
+// bit set.
+var commonKeys = [...]string{
+	"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Baggage", "Cache-Control",
+	"Connection", "Content-Length", "Content-Type", "Cookie", "Forwarded", "Host", "Last-Event-Id",
+	"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
+	"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
+	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
+}
+
+// A head's bit set of common keys is a uint64.
+var _ [64 - len(commonKeys)]struct{}
+
+// commonIndexSize is commonIndex's, a power of two at least twice the
+// number of names (short probes).
+const commonIndexSize = 128
+
+// commonIndex finds a name in commonKeys without a map's hashing: it is
+// an open-addressing table, probed linearly from commonSlot; an entry is
+// an index in commonKeys plus one, 0 an empty slot.
+var commonIndex = func() (t [commonIndexSize]uint8) {
+	for i, k := range commonKeys {
+		s := commonSlot(k)
+		for t[s] != 0 {
+			s = (s + 1) % commonIndexSize
+		}
+		t[s] = uint8(i + 1)
 	}
-	return m
+	return t
 }()
+
+// commonSlot is where the probe for a non-empty name k starts: the names
+// differ in length, middle and last letter far more than in their first.
+func commonSlot[K string | []byte](k K) int {
+	n := len(k)
+	return (n*37 + int(k[n/2])*7 + int(k[n-1])) % commonIndexSize
+}
+
+// common returns the index of k in commonKeys, or -1.
+func common[K string | []byte](k K) int {
+	for s := commonSlot(k); ; s = (s + 1) % commonIndexSize {
+		e := commonIndex[s]
+		if e == 0 {
+			return -1
+		}
+		if commonKeys[e-1] == string(k) {
+			return int(e - 1)
+		}
+	}
+}
 
 // maxHeaderLines bounds the header map of one request (net/http bounds it
 // only by the header bytes; 64 KiB of one-byte headers would be 13,000
@@ -121,9 +158,11 @@ func parseContentLength(vv []string) (int64, bool) {
 // strings.Clone what is stored.
 // ok is false for anything RFC 9112 §5 lets a recipient reject: a name
 // that is not a token, a space before the colon, an obsolete line fold, a
-// value with control characters; and for more than maxHeaderLines fields.
+// value with control characters, a line not ended by CRLF; and for more
+// than maxHeaderLines fields. What follows the blank line is not read,
+// but its line ends count towards the limit.
 func ParseFields(fields string) (h http.Header, ok bool) {
-	n := strings.Count(fields, "\r\n") - 1 // the blank line ends the fields
+	n := strings.Count(fields, "\n") - 1 // the blank line ends the fields
 	if n < 0 || n > maxHeaderLines {
 		return nil, false
 	}
@@ -131,28 +170,51 @@ func ParseFields(fields string) (h http.Header, ok bool) {
 	// One backing array for the values, as net/http's textproto does: a key
 	// seen once (almost every key) costs no slice allocation of its own.
 	values := make([]string, n)
+	// The common keys seen so far, by index: a common key is known to be
+	// new without a look-up in h.
+	var seen uint64
 	for i := 0; ; i++ {
-		line, rest, _ := strings.Cut(fields, "\r\n")
-		fields = rest
+		end := strings.IndexByte(fields, '\n')
+		if end < 1 || fields[end-1] != '\r' {
+			return nil, false // a bare LF, or no line end
+		}
+		line := fields[:end-1]
+		fields = fields[end+1:]
 		if line == "" {
 			return h, true
+		}
+		if i == n {
+			return nil, false // the last line end, and no blank line
 		}
 		k, v, found := strings.Cut(line, ":")
 		if !found || !httpguts.ValidHeaderFieldName(k) {
 			return nil, false
 		}
-		v = strings.Trim(v, " \t")
+		v = trimOWS(v)
 		if !httpguts.ValidHeaderFieldValue(v) {
 			return nil, false
 		}
-		key := canonicalKey(k)
-		if vv := h[key]; vv != nil {
+		key, c := canonicalKey(k)
+		if c >= 0 && seen&(1<<c) == 0 {
+			seen |= 1 << c
+		} else if vv := h[key]; vv != nil {
 			h[key] = append(vv, v)
 			continue
 		}
 		values[i] = v
 		h[key] = values[i : i+1 : i+1]
 	}
+}
+
+// trimOWS trims the spaces and tabs around a field value (RFC 9110 §5.5).
+func trimOWS(v string) string {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
 }
 
 // parseRequestLine parses "METHOD /target HTTP/1.1".
@@ -216,13 +278,14 @@ func plainQuery(q string) bool {
 
 // canonicalKey is textproto.CanonicalMIMEHeaderKey(k) without an
 // allocation for a key already canonical (a substring is returned) or
-// commonly sent in another case (the interned name is returned).
-func canonicalKey(k string) string {
+// commonly sent in another case (the interned name is returned). k is not
+// empty. c is the key's index in commonKeys, or -1.
+func canonicalKey(k string) (key string, c int) {
 	if isCanonical(k) {
-		if c, ok := commonKeys[k]; ok {
-			return c
+		if c := common(k); c >= 0 {
+			return commonKeys[c], c
 		}
-		return k
+		return k, -1
 	}
 	if len(k) <= 64 {
 		var buf [64]byte
@@ -237,11 +300,11 @@ func canonicalKey(k string) string {
 			}
 			upper = c == '-'
 		}
-		if c, ok := commonKeys[string(b)]; ok {
-			return c
+		if c := common(b); c >= 0 {
+			return commonKeys[c], c
 		}
 	}
-	return textproto.CanonicalMIMEHeaderKey(k)
+	return textproto.CanonicalMIMEHeaderKey(k), -1
 }
 
 // isCanonical reports whether k is in canonical form: an upper-case letter

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,6 +120,33 @@ func TestParseSeeds(t *testing.T) {
 	}
 }
 
+// TestParseFieldsLineEnds: fields must end with the blank line, each
+// line with CRLF.
+func TestParseFieldsLineEnds(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{"A: b\r\n\r\n", true},
+		{"\r\n", true},
+		{"A: b\r\nA: c\r\n\r\n", true},
+		{"A: b\r\n", false},
+		{"A: b\r\nC: d", false},
+		{"A: b\nC: d\r\n\r\n", false},
+		{"A: b\r\n\n", false},
+		{"", false},
+		{"\n", false},
+	} {
+		if h, ok := ParseFields(tc.in); ok != tc.ok || ok && len(h) == 0 && tc.in != "\r\n" {
+			t.Errorf("ParseFields(%q) = %v, %v; want ok %v", tc.in, h, ok, tc.ok)
+		}
+	}
+	h, _ := ParseFields("A: b\r\nMcp-Session-Id: s\r\nA: c\r\nmcp-session-id: t\r\n\r\n")
+	if want := (http.Header{"A": {"b", "c"}, "Mcp-Session-Id": {"s", "t"}}); !reflect.DeepEqual(h, want) {
+		t.Errorf("repeated fields: %q, want %q", h, want)
+	}
+}
+
 func TestHeadEnd(t *testing.T) {
 	for _, tc := range []struct {
 		in        string
@@ -141,9 +169,21 @@ func TestHeadEnd(t *testing.T) {
 }
 
 func TestCanonicalKey(t *testing.T) {
-	for _, k := range []string{"content-type", "CONTENT-TYPE", "Content-Type", "mcp-session-id", "x-custom-thing", "X-Custom-Thing", "a", "x_y", "-x-", strings.Repeat("ab-", 30)} {
-		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+	for _, k := range []string{"content-type", "CONTENT-TYPE", "Content-Type", "mcp-session-id", "X-Request-Id", "x-request-iD", "X-Request-Ie", "x-custom-thing", "X-Custom-Thing", "a", "x_y", "-x-", strings.Repeat("ab-", 30)} {
+		got, c := canonicalKey(k)
+		if want := http.CanonicalHeaderKey(k); got != want {
 			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+		if want := slices.Index(commonKeys[:], got); c != want {
+			t.Errorf("canonicalKey(%q): common index %d, want %d", k, c, want)
+		}
+	}
+	for i, k := range commonKeys {
+		if c := common(k); c != i {
+			t.Errorf("common(%q) = %d, want %d", k, c, i)
+		}
+		if c := common([]byte(strings.ToLower(k))); c != -1 && k != strings.ToLower(k) {
+			t.Errorf("common(%q) = %d, want -1", strings.ToLower(k), c)
 		}
 	}
 	if n := testing.AllocsPerRun(100, func() { canonicalKey("mcp-session-id") }); n != 0 {
