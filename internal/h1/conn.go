@@ -32,12 +32,12 @@ const (
 	// discardTimeout bounds the wait for the rest of a body the handler
 	// did not read, before its answer is sent.
 	discardTimeout = 5 * time.Second
-	// clientWatchDelay is how long a request runs before its connection
-	// is watched for the client leaving, which cancels the request's
-	// context. Watching costs a goroutine and a read per request; a
-	// request answered sooner than this never needs it (the answer's write
-	// is what fails if the client has gone), and a stream or a slow tool
-	// call is watched from then on.
+	// clientWatchDelay is how long a request runs, at least (and at most
+	// twice that, see watch.go), before its connection is watched for the
+	// client leaving, which cancels the request's context. Watching costs
+	// a goroutine and a read per request; a request answered sooner than
+	// this never needs it (the answer's write is what fails if the client
+	// has gone), and a stream or a slow tool call is watched from then on.
 	clientWatchDelay = 100 * time.Millisecond
 	// idleSlack is the fraction of IdleTimeout by which a connection's idle
 	// deadline may exceed IdleTimeout: the deadline set for one wait is kept
@@ -88,13 +88,14 @@ type conn struct {
 	rdWant, rdSet time.Time
 	socketRead    bool
 
-	// The client watch. watchTimer runs while watchArmed is set; reqStart
-	// is when the running request started.
+	// The client watch. watchTimer runs while watchArmed is set, timing
+	// request number watchSeq; reqSeq numbers the requests.
 	watch      watchState
 	watchDone  chan struct{}
 	watchTimer *time.Timer
 	watchArmed bool
-	reqStart   time.Time
+	reqSeq     uint64
+	watchSeq   uint64
 	bodyDone   bool
 	gone       bool // the client closed, or its connection failed
 	cancel     context.CancelFunc

@@ -624,9 +624,9 @@ func TestBodyDeadlineAfterQuickRequests(t *testing.T) {
 }
 
 // TestWatchAfterQuickRequests: on a connection that has carried many
-// quick requests, a request is watched clientWatchDelay after it started
-// (not when the timer a quick request armed fires), and a client leaving
-// then cancels it.
+// quick requests, a request is watched no sooner than clientWatchDelay
+// after it started (not when the timer a quick request armed fires), and
+// a client leaving then cancels it.
 func TestWatchAfterQuickRequests(t *testing.T) {
 	const delay = 200 * time.Millisecond
 	var srv *Server

@@ -17,26 +17,27 @@ import (
 
 // The watch's timer is not set and stopped per request (two timer
 // operations, each a lock and a heap update, sometimes a wake-up of the
-// network poller): it is armed by a request that finds it resting, and
-// when it fires it looks at the request running then. A request running
-// for clientWatchDelay is watched; one that started since is given the
-// rest of its delay; with none running the timer rests until the next
-// request. A connection busy with quick requests sees one timer run per
-// clientWatchDelay and no timer operation per request.
+// network poller), nor is the clock read: a request that finds the timer
+// resting arms it, and when it fires it looks at the request running
+// then. The request it was timing is watched; one that started since
+// becomes the one it times, for another clientWatchDelay; with none
+// running it rests until the next request. So a request is watched after
+// running from clientWatchDelay to twice that, and a connection busy with
+// quick requests sees one timer run per clientWatchDelay and no timer
+// operation per request.
 
-// armWatch notes the start of a request, whose watch begins after
-// clientWatchDelay; bodyDone says the request has no body to read. It
-// also gives the request its read deadline: none until the handler sets
-// one.
+// armWatch notes the start of a request; bodyDone says the request has no
+// body to read. It also gives the request its read deadline: none until
+// the handler sets one.
 func (c *conn) armWatch(bodyDone bool) {
-	now := time.Now()
 	c.mu.Lock()
 	c.watch = watchWaiting
 	c.bodyDone = bodyDone
-	c.reqStart = now
+	c.reqSeq++
 	c.rdWant = time.Time{}
 	if !c.watchArmed {
 		c.watchArmed = true
+		c.watchSeq = c.reqSeq
 		if c.watchTimer == nil {
 			c.watchTimer = time.AfterFunc(c.srv.watchDelay, c.watchFired)
 		} else {
@@ -46,8 +47,8 @@ func (c *conn) armWatch(bodyDone bool) {
 	c.mu.Unlock()
 }
 
-// watchFired runs on the timer's goroutine: for a request running for
-// clientWatchDelay it becomes the reader, unless the body is still being
+// watchFired runs on the timer's goroutine: for a request running since
+// the timer was set it becomes the reader, unless the body is still being
 // read, when the body's end starts the reader.
 func (c *conn) watchFired() {
 	c.mu.Lock()
@@ -57,9 +58,10 @@ func (c *conn) watchFired() {
 		c.mu.Unlock()
 		return
 	}
-	if rest := c.srv.watchDelay - time.Since(c.reqStart); rest > 0 {
-		// A request that started after the one that armed the timer.
-		c.watchTimer.Reset(rest)
+	if c.reqSeq != c.watchSeq {
+		// A request that started since: its turn comes at the next run.
+		c.watchSeq = c.reqSeq
+		c.watchTimer.Reset(c.srv.watchDelay)
 		c.mu.Unlock()
 		return
 	}
