@@ -60,7 +60,7 @@ type conn struct {
 	srv    *Server
 	rwc    net.Conn
 	io     net.Conn        // rwc's reads and writes (RawIO)
-	ctx    context.Context // parent of the requests' contexts
+	ctx    context.Context // parent of the requests' contexts (see Serve)
 	remote string
 	state  atomic.Int32
 
@@ -97,8 +97,8 @@ type conn struct {
 	reqSeq     uint64
 	watchSeq   uint64
 	bodyDone   bool
-	gone       bool // the client closed, or its connection failed
-	cancel     context.CancelFunc
+	gone       bool                    // the client closed, or its connection failed
+	cancel     context.CancelCauseFunc // the running request's, or the last one's
 	peeked     [1]byte
 	hasPeeked  bool
 }
@@ -306,8 +306,7 @@ func (c *conn) handOff() bool {
 // serveRequest answers one request; it reports whether the connection can
 // carry another.
 func (c *conn) serveRequest(h *head) bool {
-	ctx, cancel := context.WithCancel(c.ctx)
-	c.cancel = cancel
+	ctx, cancel := context.WithCancelCause(c.ctx)
 	var reqBody io.ReadCloser = http.NoBody
 	if h.contentLength > 0 {
 		c.body.remain = h.contentLength
@@ -334,10 +333,14 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 	w := &c.resp
 	w.reset(c, req, c.header)
-	c.armWatch(h.contentLength == 0)
+	c.armWatch(h.contentLength == 0, cancel)
+	if base := c.srv.base; base != nil && base.Err() != nil {
+		// Ended before cancelRequests could see this request.
+		cancel(context.Cause(base))
+	}
 
 	aborted := c.runHandler(w, req)
-	cancel()
+	cancel(nil)
 	c.stopWatch()
 	if aborted {
 		return false

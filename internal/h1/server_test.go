@@ -666,3 +666,72 @@ func TestWatchAfterQuickRequests(t *testing.T) {
 		t.Fatal("the stream's context was not cancelled when its client left")
 	}
 }
+
+// TestBaseContextCancelsRequests: a BaseContext that ends cancels the
+// running requests' contexts with its cause, and a request that starts
+// after it ended gets a cancelled context; a BaseContext's deadline is
+// its requests' deadline.
+func TestBaseContextCancelsRequests(t *testing.T) {
+	type key struct{}
+	base, cancelBase := context.WithCancelCause(context.WithValue(context.Background(), key{}, "base"))
+	defer cancelBase(nil)
+	errGone := errors.New("base gone")
+	started := make(chan struct{}, 1)
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.(http.Flusher).Flush()
+		started <- struct{}{}
+		ctx := r.Context()
+		<-ctx.Done()
+		fmt.Fprintf(w, "%v %v %v", ctx.Value(key{}), ctx.Err(), context.Cause(ctx))
+	}), func(std *http.Server, _ *Server) {
+		std.BaseContext = func(net.Listener) context.Context { return base }
+	})
+	answer := func(c net.Conn, br *bufio.Reader) string {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	want := "base context canceled base gone"
+
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /running HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	cancelBase(errGone)
+	if got := answer(c, br); got != want {
+		t.Errorf("running request: %q, want %q", got, want)
+	}
+	io.WriteString(c, "GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	if got := answer(c, br); got != want {
+		t.Errorf("request after the base ended: %q, want %q", got, want)
+	}
+
+	s.Close()
+	waitFor(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.conns) == 0 })
+	s.mu.Lock()
+	if s.stopBase != nil {
+		t.Error("the closed server still waits for its base context")
+	}
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(time.Hour)
+	timed, cancelTimed := context.WithDeadline(context.Background(), deadline)
+	defer cancelTimed()
+	addr, _ = startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := r.Context().Deadline()
+		fmt.Fprint(w, ok && d.Equal(deadline))
+	}), func(std *http.Server, _ *Server) {
+		std.BaseContext = func(net.Listener) context.Context { return timed }
+	})
+	c = dial(t, addr)
+	br = bufio.NewReader(c)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := answer(c, br); got != "true" {
+		t.Errorf("the request's context has not the base's deadline: %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"context"
 	"errors"
 	"os"
 	"time"
@@ -26,11 +27,12 @@ import (
 // quick requests sees one timer run per clientWatchDelay and no timer
 // operation per request.
 
-// armWatch notes the start of a request; bodyDone says the request has no
-// body to read. It also gives the request its read deadline: none until
-// the handler sets one.
-func (c *conn) armWatch(bodyDone bool) {
+// armWatch notes the start of a request, whose context cancel cancels;
+// bodyDone says the request has no body to read. It also gives the
+// request its read deadline: none until the handler sets one.
+func (c *conn) armWatch(bodyDone bool, cancel context.CancelCauseFunc) {
 	c.mu.Lock()
+	c.cancel = cancel
 	c.watch = watchWaiting
 	c.bodyDone = bodyDone
 	c.reqSeq++
@@ -109,7 +111,7 @@ func (c *conn) backgroundRead() {
 	c.hasPeeked = n == 1
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		c.gone = true
-		c.cancel()
+		c.cancel(nil)
 	}
 	c.watch = watchOff
 	close(c.watchDone)
