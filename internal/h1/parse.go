@@ -48,7 +48,20 @@ var commonKeys = [...]string{
 	"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
 	"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
 	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
+	"Transfer-Encoding", "Expect", "Upgrade",
 }
+
+// The indices of the common keys parseHead looks at.
+var (
+	keyCacheControl     = common("Cache-Control")
+	keyConnection       = common("Connection")
+	keyContentLength    = common("Content-Length")
+	keyExpect           = common("Expect")
+	keyHost             = common("Host")
+	keyPragma           = common("Pragma")
+	keyTransferEncoding = common("Transfer-Encoding")
+	keyUpgrade          = common("Upgrade")
+)
 
 // A head's bit set of common keys is a uint64.
 var _ [64 - len(commonKeys)]struct{}
@@ -104,34 +117,33 @@ func parseHead(block string) (h head, ok bool) {
 	if h, ok = parseRequestLine(line); !ok {
 		return head{}, false
 	}
-	if h.header, ok = ParseFields(rest); !ok {
+	// As net/http's server: the Host header is Request.Host, not in
+	// Request.Header (so it is kept out of the map: one entry fewer, and
+	// the 8 a map holds without a table are 8 fields besides it).
+	var f fieldSet
+	if h.header, f, ok = parseFields(rest, true); !ok {
 		return head{}, false
 	}
-	for _, k := range []string{"Transfer-Encoding", "Expect", "Upgrade"} {
-		if _, ok := h.header[k]; ok {
-			// Chunked bodies, 100-continue, protocol switches: net/http's.
+	if f.has(keyTransferEncoding) || f.has(keyExpect) || f.has(keyUpgrade) {
+		// Chunked bodies, 100-continue, protocol switches: net/http's.
+		return head{}, false
+	}
+	if f.hosts != 1 || !httpguts.ValidHostHeader(f.host) {
+		return head{}, false
+	}
+	h.host = f.host
+	if f.has(keyContentLength) {
+		if h.contentLength, ok = parseContentLength(h.header["Content-Length"]); !ok {
 			return head{}, false
 		}
 	}
-	hosts := h.header["Host"]
-	if len(hosts) != 1 || !httpguts.ValidHostHeader(hosts[0]) {
-		return head{}, false
+	if f.has(keyConnection) {
+		h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
 	}
-	// As net/http's server: the Host header moves to Request.Host.
-	h.host = hosts[0]
-	delete(h.header, "Host")
-	if cl, ok := h.header["Content-Length"]; ok {
-		if h.contentLength, ok = parseContentLength(cl); !ok {
-			return head{}, false
-		}
-	}
-	h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
 	// As net/http's ReadRequest: HTTP/1.0's "Pragma: no-cache" means
 	// "Cache-Control: no-cache" when the latter is absent.
-	if p := h.header["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
-		if _, ok := h.header["Cache-Control"]; !ok {
-			h.header["Cache-Control"] = []string{"no-cache"}
-		}
+	if f.has(keyPragma) && !f.has(keyCacheControl) && h.header["Pragma"][0] == "no-cache" {
+		h.header["Cache-Control"] = []string{"no-cache"}
 	}
 	return h, true
 }
@@ -162,41 +174,68 @@ func parseContentLength(vv []string) (int64, bool) {
 // than maxHeaderLines fields. What follows the blank line is not read,
 // but its line ends count towards the limit.
 func ParseFields(fields string) (h http.Header, ok bool) {
+	h, _, ok = parseFields(fields, false)
+	return h, ok
+}
+
+// fieldSet is what parseFields tells of the fields besides their map.
+type fieldSet struct {
+	seen  uint64 // the common keys present, by index in commonKeys
+	host  string // with hostApart, the first Host field's value
+	hosts int    // with hostApart, the number of Host fields
+}
+
+// has reports whether the common key of index c is present.
+func (f *fieldSet) has(c int) bool { return f.seen&(1<<c) != 0 }
+
+// parseFields is ParseFields; with hostApart, the Host fields are not put
+// in the map, but told in the fieldSet.
+func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok bool) {
 	n := strings.Count(fields, "\n") - 1 // the blank line ends the fields
 	if n < 0 || n > maxHeaderLines {
-		return nil, false
+		return nil, fieldSet{}, false
 	}
-	h = make(http.Header, n)
+	hint := n
+	if hostApart && n > 0 {
+		hint-- // the one Host field of a request
+	}
+	h = make(http.Header, hint)
 	// One backing array for the values, as net/http's textproto does: a key
 	// seen once (almost every key) costs no slice allocation of its own.
 	values := make([]string, n)
-	// The common keys seen so far, by index: a common key is known to be
-	// new without a look-up in h.
-	var seen uint64
 	for i := 0; ; i++ {
 		end := strings.IndexByte(fields, '\n')
 		if end < 1 || fields[end-1] != '\r' {
-			return nil, false // a bare LF, or no line end
+			return nil, fieldSet{}, false // a bare LF, or no line end
 		}
 		line := fields[:end-1]
 		fields = fields[end+1:]
 		if line == "" {
-			return h, true
+			return h, f, true
 		}
 		if i == n {
-			return nil, false // the last line end, and no blank line
+			return nil, fieldSet{}, false // the last line end, and no blank line
 		}
 		k, v, found := strings.Cut(line, ":")
 		if !found || !httpguts.ValidHeaderFieldName(k) {
-			return nil, false
+			return nil, fieldSet{}, false
 		}
 		v = trimOWS(v)
 		if !httpguts.ValidHeaderFieldValue(v) {
-			return nil, false
+			return nil, fieldSet{}, false
 		}
+		// A common key seen for the first time is known to be new
+		// without a look-up in h.
 		key, c := canonicalKey(k)
-		if c >= 0 && seen&(1<<c) == 0 {
-			seen |= 1 << c
+		if c == keyHost && hostApart {
+			if f.hosts++; f.hosts == 1 {
+				f.host = v
+			}
+			f.seen |= 1 << c
+			continue
+		}
+		if c >= 0 && !f.has(c) {
+			f.seen |= 1 << c
 		} else if vv := h[key]; vv != nil {
 			h[key] = append(vv, v)
 			continue

@@ -202,3 +202,22 @@ func BenchmarkParseFields(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParseHead parses the head of a follow-up: as the bench's load
+// generator sends it (eight fields besides Host), and as a Node MCP client
+// does (fetch's fields too).
+func BenchmarkParseHead(b *testing.B) {
+	for _, tc := range []struct{ name, head string }{
+		{"bench", "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: 112\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: 0123456789abcdef0123456789abcdef\r\nX-Vegeta-Seq: 12345\r\nAccept-Encoding: gzip\r\n\r\n"},
+		{"node", "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nconnection: keep-alive\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-session-id: 0123456789abcdef0123456789abcdef\r\nmcp-protocol-version: 2025-06-18\r\naccept-language: *\r\nsec-fetch-mode: cors\r\nuser-agent: node\r\naccept-encoding: gzip, deflate\r\ncontent-length: 112\r\n\r\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := parseHead(tc.head); !ok {
+					b.Fatal("not parsed")
+				}
+			}
+		})
+	}
+}
