@@ -29,13 +29,27 @@ type head struct {
 	close          bool // the client asked for the connection to be closed
 }
 
-// methods are the methods served on the fast path, by their wire form, so
-// that the request's Method is a constant, not an allocation. HEAD is left
-// to net/http (a HEAD answer has no body whatever its headers say); so are
-// CONNECT, TRACE and PRI (the h2c preface).
-var methods = map[string]string{
-	http.MethodGet: http.MethodGet, http.MethodPost: http.MethodPost, http.MethodDelete: http.MethodDelete,
-	http.MethodPut: http.MethodPut, http.MethodPatch: http.MethodPatch, http.MethodOptions: http.MethodOptions,
+// method returns the method m names, if the fast path serves it: a
+// constant, so that the request's Method is not an allocation (a switch:
+// no hashing, which a map's look-up costs with cold caches). HEAD is left
+// to net/http (a HEAD answer has no body whatever its headers say); so
+// are CONNECT, TRACE and PRI (the h2c preface).
+func method(m string) (string, bool) {
+	switch m {
+	case http.MethodGet:
+		return http.MethodGet, true
+	case http.MethodPost:
+		return http.MethodPost, true
+	case http.MethodDelete:
+		return http.MethodDelete, true
+	case http.MethodPut:
+		return http.MethodPut, true
+	case http.MethodPatch:
+		return http.MethodPatch, true
+	case http.MethodOptions:
+		return http.MethodOptions, true
+	}
+	return "", false
 }
 
 // commonKeys are the canonical names of the headers MCP clients send
@@ -263,7 +277,7 @@ func parseRequestLine(line string) (h head, ok bool) {
 	if !ok1 || !ok2 || proto != "HTTP/1.1" {
 		return head{}, false
 	}
-	if h.method, ok = methods[m]; !ok {
+	if h.method, ok = method(m); !ok {
 		return head{}, false
 	}
 	if h.url, ok = parseTarget(target); !ok {
