@@ -294,8 +294,9 @@ func (c *conn) makeRoom() {
 // server.
 func (c *conn) handOff() bool {
 	if !c.rdSet.IsZero() {
-		// The idle or header deadline stays behind, as a connection
-		// net/http accepted has none.
+		// net/http is given the connection as it accepts one, without a
+		// deadline: it sets none before some reads (an h2c preface's,
+		// without ReadHeaderTimeout).
 		c.rwc.SetReadDeadline(time.Time{})
 	}
 	pending := append([]byte(nil), c.buf[c.r:c.w]...)

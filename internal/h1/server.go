@@ -49,11 +49,14 @@ type Server struct {
 
 // Wrap returns a Server that serves with std's Handler and the limits of
 // std: ReadHeaderTimeout (from a request's first byte to the end of its
-// head), IdleTimeout (between requests), MaxHeaderBytes, BaseContext and
-// ErrorLog (a handler's panic). std serves the connections handed over;
-// it must not be served or shut down by the caller, only through the
-// returned Server. ReadTimeout and WriteTimeout must be zero (the fast
-// path has none: its answers are SSE streams that live for hours).
+// head), IdleTimeout (between requests: an idle connection is closed
+// between IdleTimeout and 9/8 of it after its last request, see
+// idleSlack), MaxHeaderBytes, BaseContext (whose end cancels the
+// requests' contexts) and ErrorLog (a handler's panic). std serves the
+// connections handed over; it must not be served or shut down by the
+// caller, only through the returned Server. ReadTimeout and WriteTimeout
+// must be zero (the fast path has none: its answers are SSE streams that
+// live for hours).
 func Wrap(std *http.Server) *Server {
 	return &Server{
 		std:       std,
