@@ -32,13 +32,21 @@ const (
 	// discardTimeout bounds the wait for the rest of a body the handler
 	// did not read, before its answer is sent.
 	discardTimeout = 5 * time.Second
-	// clientWatchDelay is how long a request runs before its connection
-	// is watched for the client leaving, which cancels the request's
-	// context. Watching costs a goroutine and a read per request; a
-	// request answered sooner than this never needs it (the answer's write
-	// is what fails if the client has gone), and a stream or a slow tool
-	// call is watched from then on.
+	// clientWatchDelay is how long a request runs, at least (and at most
+	// twice that, see watch.go), before its connection is watched for the
+	// client leaving, which cancels the request's context. Watching costs
+	// a goroutine and a read per request; a request answered sooner than
+	// this never needs it (the answer's write is what fails if the client
+	// has gone), and a stream or a slow tool call is watched from then on.
 	clientWatchDelay = 100 * time.Millisecond
+	// idleSlack is the fraction of IdleTimeout by which a connection's idle
+	// deadline may exceed IdleTimeout: the deadline set for one wait is kept
+	// for the next ones until it is closer than IdleTimeout, so that a busy
+	// connection re-arms it once per IdleTimeout/idleSlack, not twice per
+	// request. An idle connection is closed between IdleTimeout and
+	// IdleTimeout*(1+1/idleSlack) after its last request, never earlier
+	// (the clients in front are meant to close an idle connection first).
+	idleSlack = 8
 )
 
 // aLongTimeAgo is a deadline in the past, which interrupts a blocked read.
@@ -52,7 +60,7 @@ type conn struct {
 	srv    *Server
 	rwc    net.Conn
 	io     net.Conn        // rwc's reads and writes (RawIO)
-	ctx    context.Context // parent of the requests' contexts
+	ctx    context.Context // parent of the requests' contexts (see Serve)
 	remote string
 	state  atomic.Int32
 
@@ -64,15 +72,33 @@ type conn struct {
 	resp   response
 	header http.Header // the response header map, cleared between requests
 
-	// The client watch (see clientWatchDelay). mu guards watch, watchDone,
-	// bodyDone, gone and the peeked byte; watchTimer starts it.
-	mu         sync.Mutex
+	// mu guards the client watch (see clientWatchDelay and watch.go) and,
+	// while a request runs, the read deadlines; between requests only the
+	// connection's goroutine uses them.
+	mu sync.Mutex
+
+	// Read deadlines are applied lazily: a timer operation for each set
+	// and each clear is most of what a deadline costs, and most are
+	// undone before any read needs them (a handler bounding a body that is
+	// already in buf). rdWant is the deadline the next read of the socket
+	// is to have, rdSet the one the socket has; applyReadDeadline makes
+	// them one before each read. A deadline the socket keeps while nothing
+	// reads it bounds nothing. socketRead says a body read waits on the
+	// socket, which a new deadline must reach at once, as net.Conn's does.
+	rdWant, rdSet time.Time
+	socketRead    bool
+
+	// The client watch. watchTimer runs while watchArmed is set, timing
+	// request number watchSeq; reqSeq numbers the requests.
 	watch      watchState
 	watchDone  chan struct{}
 	watchTimer *time.Timer
+	watchArmed bool
+	reqSeq     uint64
+	watchSeq   uint64
 	bodyDone   bool
-	gone       bool // the client closed, or its connection failed
-	cancel     context.CancelFunc
+	gone       bool                    // the client closed, or its connection failed
+	cancel     context.CancelCauseFunc // the running request's, or the last one's
 	peeked     [1]byte
 	hasPeeked  bool
 }
@@ -80,10 +106,10 @@ type conn struct {
 type watchState uint8
 
 const (
-	watchOff       watchState = iota
-	watchArmed                // the timer runs
-	watchAfterBody            // the timer fired while the body was being read
-	watchReading              // a goroutine reads the connection
+	watchOff       watchState = iota // no request runs
+	watchWaiting                     // a request runs, not yet for clientWatchDelay
+	watchAfterBody                   // its delay passed while the body was being read
+	watchReading                     // a goroutine reads the connection
 )
 
 func newConn(s *Server, rwc net.Conn, ctx context.Context) *conn {
@@ -113,9 +139,14 @@ func (c *conn) serve() {
 			// handler runs): log it, as net/http does, and drop the connection.
 			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, stack())
 		}
+		c.mu.Lock()
+		if c.watch != watchReading {
+			c.watch = watchOff // a timer run still to come does nothing
+		}
 		if c.watchTimer != nil {
 			c.watchTimer.Stop()
 		}
+		c.mu.Unlock()
 		if !handedOff {
 			c.state.Store(stateClosed)
 			c.rwc.Close()
@@ -157,9 +188,6 @@ func (c *conn) readHead() (head, error) {
 			return head{}, errHandOff
 		}
 		if end >= 0 {
-			if deadline {
-				c.rwc.SetReadDeadline(time.Time{})
-			}
 			h, ok := parseHead(string(c.buf[c.r : c.r+end]))
 			if !ok {
 				return head{}, errHandOff
@@ -171,14 +199,17 @@ func (c *conn) readHead() (head, error) {
 			return head{}, errHandOff // net/http answers 431
 		}
 		if !deadline {
-			// The head is not whole: it gets ReadHeaderTimeout from now.
+			// The head is not whole: it gets ReadHeaderTimeout from now
+			// (and no idle deadline any more).
 			deadline = true
+			c.rdWant = time.Time{}
 			if d := c.srv.std.ReadHeaderTimeout; d > 0 {
-				c.rwc.SetReadDeadline(time.Now().Add(d))
+				c.rdWant = time.Now().Add(d)
 			}
 		}
 		searched = c.w - c.r
 		c.makeRoom()
+		c.applyReadDeadline()
 		n, err := c.io.Read(c.buf[c.w:])
 		c.w += n
 		if err != nil && n == 0 {
@@ -189,9 +220,17 @@ func (c *conn) readHead() (head, error) {
 
 // waitRequest waits, idle, for the first bytes of a request.
 func (c *conn) waitRequest() error {
+	c.rdWant = time.Time{}
 	if d := c.srv.std.IdleTimeout; d > 0 {
-		c.rwc.SetReadDeadline(time.Now().Add(d))
+		// The idle deadline of an earlier wait is kept while it is at
+		// least IdleTimeout away (see idleSlack).
+		earliest := time.Now().Add(d)
+		c.rdWant = c.rdSet
+		if c.rdSet.Before(earliest) || c.rdSet.After(earliest.Add(d/idleSlack)) {
+			c.rdWant = earliest.Add(d / idleSlack)
+		}
 	}
+	c.applyReadDeadline()
 	if !c.state.CompareAndSwap(stateActive, stateIdle) || c.srv.closing.Load() {
 		return net.ErrClosed
 	}
@@ -206,8 +245,30 @@ func (c *conn) waitRequest() error {
 		}
 		return err
 	}
-	if c.srv.std.IdleTimeout > 0 {
-		c.rwc.SetReadDeadline(time.Time{})
+	// The idle deadline stays on the socket: a request's reads of it
+	// apply the request's deadline first.
+	return nil
+}
+
+// applyReadDeadline gives the socket the wanted read deadline, before a
+// read. While a request runs, c.mu is held.
+func (c *conn) applyReadDeadline() error {
+	if c.rdSet.Equal(c.rdWant) {
+		return nil
+	}
+	c.rdSet = c.rdWant
+	return c.rwc.SetReadDeadline(c.rdWant)
+}
+
+// setReadDeadline sets the deadline of a request's later reads of the
+// socket: the body's (a handler's, through http.ResponseController), and
+// the watch's. A read already waiting on the socket gets it at once.
+func (c *conn) setReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rdWant = t
+	if c.socketRead || c.watch == watchReading {
+		return c.applyReadDeadline()
 	}
 	return nil
 }
@@ -232,6 +293,12 @@ func (c *conn) makeRoom() {
 // handOff gives the connection, with what was read of it, to the wrapped
 // server.
 func (c *conn) handOff() bool {
+	if !c.rdSet.IsZero() {
+		// net/http is given the connection as it accepts one, without a
+		// deadline: it sets none before some reads (an h2c preface's,
+		// without ReadHeaderTimeout).
+		c.rwc.SetReadDeadline(time.Time{})
+	}
 	pending := append([]byte(nil), c.buf[c.r:c.w]...)
 	c.buf = nil
 	return c.srv.handoff.give(&replayConn{Conn: c.rwc, pending: pending})
@@ -240,8 +307,7 @@ func (c *conn) handOff() bool {
 // serveRequest answers one request; it reports whether the connection can
 // carry another.
 func (c *conn) serveRequest(h *head) bool {
-	ctx, cancel := context.WithCancel(c.ctx)
-	c.cancel = cancel
+	ctx, cancel := context.WithCancelCause(c.ctx)
 	var reqBody io.ReadCloser = http.NoBody
 	if h.contentLength > 0 {
 		c.body.remain = h.contentLength
@@ -268,10 +334,14 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 	w := &c.resp
 	w.reset(c, req, c.header)
-	c.armWatch(h.contentLength == 0)
+	c.armWatch(h.contentLength == 0, cancel)
+	if base := c.srv.base; base != nil && base.Err() != nil {
+		// Ended before cancelRequests could see this request.
+		cancel(context.Cause(base))
+	}
 
 	aborted := c.runHandler(w, req)
-	cancel()
+	cancel(nil)
 	c.stopWatch()
 	if aborted {
 		return false
@@ -313,9 +383,9 @@ func (c *conn) discardBody() bool {
 		// net/http waits for the rest as long as the client likes; a
 		// client that stalls here holds the answer back, so it gets
 		// discardTimeout, then the connection closes after the answer.
-		c.rwc.SetReadDeadline(time.Now().Add(discardTimeout))
+		c.setReadDeadline(time.Now().Add(discardTimeout))
 		io.Copy(io.Discard, &c.body)
-		c.rwc.SetReadDeadline(time.Time{})
+		c.setReadDeadline(time.Time{})
 	}
 	return c.body.err == nil && c.body.remain == 0
 }
@@ -350,7 +420,7 @@ func (b *body) Read(p []byte) (int, error) {
 		c.r += n
 	} else {
 		var err error
-		n, err = c.io.Read(p)
+		n, err = c.readSocket(p)
 		if err != nil && n == 0 {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -365,6 +435,19 @@ func (b *body) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// readSocket is a body's read of the socket, with the request's deadline.
+func (c *conn) readSocket(p []byte) (int, error) {
+	c.mu.Lock()
+	c.applyReadDeadline()
+	c.socketRead = true
+	c.mu.Unlock()
+	n, err := c.io.Read(p)
+	c.mu.Lock()
+	c.socketRead = false
+	c.mu.Unlock()
+	return n, err
 }
 
 // Close is a no-op: the unread rest of a body is dropped, or the

@@ -29,30 +29,94 @@ type head struct {
 	close          bool // the client asked for the connection to be closed
 }
 
-// methods are the methods served on the fast path, by their wire form, so
-// that the request's Method is a constant, not an allocation. HEAD is left
-// to net/http (a HEAD answer has no body whatever its headers say); so are
-// CONNECT, TRACE and PRI (the h2c preface).
-var methods = map[string]string{
-	http.MethodGet: http.MethodGet, http.MethodPost: http.MethodPost, http.MethodDelete: http.MethodDelete,
-	http.MethodPut: http.MethodPut, http.MethodPatch: http.MethodPatch, http.MethodOptions: http.MethodOptions,
+// method returns the method m names, if the fast path serves it: a
+// constant, so that the request's Method is not an allocation (a switch:
+// no hashing, which a map's look-up costs with cold caches). HEAD is left
+// to net/http (a HEAD answer has no body whatever its headers say); so
+// are CONNECT, TRACE and PRI (the h2c preface).
+func method(m string) (string, bool) {
+	switch m {
+	case http.MethodGet:
+		return http.MethodGet, true
+	case http.MethodPost:
+		return http.MethodPost, true
+	case http.MethodDelete:
+		return http.MethodDelete, true
+	case http.MethodPut:
+		return http.MethodPut, true
+	case http.MethodPatch:
+		return http.MethodPatch, true
+	case http.MethodOptions:
+		return http.MethodOptions, true
+	}
+	return "", false
 }
 
-// commonKeys interns the canonical names of the headers MCP clients send,
-// so that a request's header keys are mostly not allocations.
-var commonKeys = func() map[string]string {
-	m := make(map[string]string)
-	for _, k := range []string{
-		"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Baggage", "Cache-Control",
-		"Connection", "Content-Length", "Content-Type", "Cookie", "Forwarded", "Host", "Last-Event-Id",
-		"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
-		"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
-		"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
-	} {
-		m[k] = k
+// commonKeys are the canonical names of the headers MCP clients send
+// (and backends answer with), interned so that a head's keys are mostly
+// not allocations. At most 64: a head notes the ones it has seen in a
+// bit set.
+var commonKeys = [...]string{
+	"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Baggage", "Cache-Control",
+	"Connection", "Content-Length", "Content-Type", "Cookie", "Forwarded", "Host", "Last-Event-Id",
+	"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
+	"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
+	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
+	"Transfer-Encoding", "Expect", "Upgrade",
+}
+
+// The indices of the common keys parseHead looks at.
+var (
+	keyCacheControl     = common("Cache-Control")
+	keyConnection       = common("Connection")
+	keyContentLength    = common("Content-Length")
+	keyExpect           = common("Expect")
+	keyHost             = common("Host")
+	keyPragma           = common("Pragma")
+	keyTransferEncoding = common("Transfer-Encoding")
+	keyUpgrade          = common("Upgrade")
+)
+
+// A head's bit set of common keys is a uint64.
+var _ [64 - len(commonKeys)]struct{}
+
+// commonIndexSize is commonIndex's, a power of two at least twice the
+// number of names (short probes).
+const commonIndexSize = 128
+
+// commonIndex finds a name in commonKeys without a map's hashing: it is
+// an open-addressing table, probed linearly from commonSlot; an entry is
+// an index in commonKeys plus one, 0 an empty slot.
+var commonIndex = func() (t [commonIndexSize]uint8) {
+	for i, k := range commonKeys {
+		s := commonSlot(k)
+		for t[s] != 0 {
+			s = (s + 1) % commonIndexSize
+		}
+		t[s] = uint8(i + 1)
 	}
-	return m
+	return t
 }()
+
+// commonSlot is where the probe for a non-empty name k starts: the names
+// differ in length, middle and last letter far more than in their first.
+func commonSlot[K string | []byte](k K) int {
+	n := len(k)
+	return (n*37 + int(k[n/2])*7 + int(k[n-1])) % commonIndexSize
+}
+
+// common returns the index of k in commonKeys, or -1.
+func common[K string | []byte](k K) int {
+	for s := commonSlot(k); ; s = (s + 1) % commonIndexSize {
+		e := commonIndex[s]
+		if e == 0 {
+			return -1
+		}
+		if commonKeys[e-1] == string(k) {
+			return int(e - 1)
+		}
+	}
+}
 
 // maxHeaderLines bounds the header map of one request (net/http bounds it
 // only by the header bytes; 64 KiB of one-byte headers would be 13,000
@@ -67,34 +131,33 @@ func parseHead(block string) (h head, ok bool) {
 	if h, ok = parseRequestLine(line); !ok {
 		return head{}, false
 	}
-	if h.header, ok = ParseFields(rest); !ok {
+	// As net/http's server: the Host header is Request.Host, not in
+	// Request.Header (so it is kept out of the map: one entry fewer, and
+	// the 8 a map holds without a table are 8 fields besides it).
+	var f fieldSet
+	if h.header, f, ok = parseFields(rest, true); !ok {
 		return head{}, false
 	}
-	for _, k := range []string{"Transfer-Encoding", "Expect", "Upgrade"} {
-		if _, ok := h.header[k]; ok {
-			// Chunked bodies, 100-continue, protocol switches: net/http's.
+	if f.has(keyTransferEncoding) || f.has(keyExpect) || f.has(keyUpgrade) {
+		// Chunked bodies, 100-continue, protocol switches: net/http's.
+		return head{}, false
+	}
+	if f.hosts != 1 || !httpguts.ValidHostHeader(f.host) {
+		return head{}, false
+	}
+	h.host = f.host
+	if f.has(keyContentLength) {
+		if h.contentLength, ok = parseContentLength(h.header["Content-Length"]); !ok {
 			return head{}, false
 		}
 	}
-	hosts := h.header["Host"]
-	if len(hosts) != 1 || !httpguts.ValidHostHeader(hosts[0]) {
-		return head{}, false
+	if f.has(keyConnection) {
+		h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
 	}
-	// As net/http's server: the Host header moves to Request.Host.
-	h.host = hosts[0]
-	delete(h.header, "Host")
-	if cl, ok := h.header["Content-Length"]; ok {
-		if h.contentLength, ok = parseContentLength(cl); !ok {
-			return head{}, false
-		}
-	}
-	h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
 	// As net/http's ReadRequest: HTTP/1.0's "Pragma: no-cache" means
 	// "Cache-Control: no-cache" when the latter is absent.
-	if p := h.header["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
-		if _, ok := h.header["Cache-Control"]; !ok {
-			h.header["Cache-Control"] = []string{"no-cache"}
-		}
+	if f.has(keyPragma) && !f.has(keyCacheControl) && h.header["Pragma"][0] == "no-cache" {
+		h.header["Cache-Control"] = []string{"no-cache"}
 	}
 	return h, true
 }
@@ -121,38 +184,90 @@ func parseContentLength(vv []string) (int64, bool) {
 // strings.Clone what is stored.
 // ok is false for anything RFC 9112 §5 lets a recipient reject: a name
 // that is not a token, a space before the colon, an obsolete line fold, a
-// value with control characters; and for more than maxHeaderLines fields.
+// value with control characters, a line not ended by CRLF; and for more
+// than maxHeaderLines fields. What follows the blank line is not read,
+// but its line ends count towards the limit.
 func ParseFields(fields string) (h http.Header, ok bool) {
-	n := strings.Count(fields, "\r\n") - 1 // the blank line ends the fields
+	h, _, ok = parseFields(fields, false)
+	return h, ok
+}
+
+// fieldSet is what parseFields tells of the fields besides their map.
+type fieldSet struct {
+	seen  uint64 // the common keys present, by index in commonKeys
+	host  string // with hostApart, the first Host field's value
+	hosts int    // with hostApart, the number of Host fields
+}
+
+// has reports whether the common key of index c is present.
+func (f *fieldSet) has(c int) bool { return f.seen&(1<<c) != 0 }
+
+// parseFields is ParseFields; with hostApart, the Host fields are not put
+// in the map, but told in the fieldSet.
+func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok bool) {
+	n := strings.Count(fields, "\n") - 1 // the blank line ends the fields
 	if n < 0 || n > maxHeaderLines {
-		return nil, false
+		return nil, fieldSet{}, false
 	}
-	h = make(http.Header, n)
+	hint := n
+	if hostApart && n > 0 {
+		hint-- // the one Host field of a request
+	}
+	h = make(http.Header, hint)
 	// One backing array for the values, as net/http's textproto does: a key
 	// seen once (almost every key) costs no slice allocation of its own.
 	values := make([]string, n)
 	for i := 0; ; i++ {
-		line, rest, _ := strings.Cut(fields, "\r\n")
-		fields = rest
+		end := strings.IndexByte(fields, '\n')
+		if end < 1 || fields[end-1] != '\r' {
+			return nil, fieldSet{}, false // a bare LF, or no line end
+		}
+		line := fields[:end-1]
+		fields = fields[end+1:]
 		if line == "" {
-			return h, true
+			return h, f, true
+		}
+		if i == n {
+			return nil, fieldSet{}, false // the last line end, and no blank line
 		}
 		k, v, found := strings.Cut(line, ":")
 		if !found || !httpguts.ValidHeaderFieldName(k) {
-			return nil, false
+			return nil, fieldSet{}, false
 		}
-		v = strings.Trim(v, " \t")
+		v = trimOWS(v)
 		if !httpguts.ValidHeaderFieldValue(v) {
-			return nil, false
+			return nil, fieldSet{}, false
 		}
-		key := canonicalKey(k)
-		if vv := h[key]; vv != nil {
+		// A common key seen for the first time is known to be new
+		// without a look-up in h.
+		key, c := canonicalKey(k)
+		if c == keyHost && hostApart {
+			if f.hosts++; f.hosts == 1 {
+				f.host = v
+			}
+			f.seen |= 1 << c
+			continue
+		}
+		if c >= 0 && !f.has(c) {
+			f.seen |= 1 << c
+		} else if vv := h[key]; vv != nil {
 			h[key] = append(vv, v)
 			continue
 		}
 		values[i] = v
 		h[key] = values[i : i+1 : i+1]
 	}
+}
+
+// trimOWS trims the spaces and tabs around a field value (RFC 9110 §5.5).
+func trimOWS(v string) string {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
 }
 
 // parseRequestLine parses "METHOD /target HTTP/1.1".
@@ -162,7 +277,7 @@ func parseRequestLine(line string) (h head, ok bool) {
 	if !ok1 || !ok2 || proto != "HTTP/1.1" {
 		return head{}, false
 	}
-	if h.method, ok = methods[m]; !ok {
+	if h.method, ok = method(m); !ok {
 		return head{}, false
 	}
 	if h.url, ok = parseTarget(target); !ok {
@@ -216,13 +331,14 @@ func plainQuery(q string) bool {
 
 // canonicalKey is textproto.CanonicalMIMEHeaderKey(k) without an
 // allocation for a key already canonical (a substring is returned) or
-// commonly sent in another case (the interned name is returned).
-func canonicalKey(k string) string {
+// commonly sent in another case (the interned name is returned). k is not
+// empty. c is the key's index in commonKeys, or -1.
+func canonicalKey(k string) (key string, c int) {
 	if isCanonical(k) {
-		if c, ok := commonKeys[k]; ok {
-			return c
+		if c := common(k); c >= 0 {
+			return commonKeys[c], c
 		}
-		return k
+		return k, -1
 	}
 	if len(k) <= 64 {
 		var buf [64]byte
@@ -237,11 +353,11 @@ func canonicalKey(k string) string {
 			}
 			upper = c == '-'
 		}
-		if c, ok := commonKeys[string(b)]; ok {
-			return c
+		if c := common(b); c >= 0 {
+			return commonKeys[c], c
 		}
 	}
-	return textproto.CanonicalMIMEHeaderKey(k)
+	return textproto.CanonicalMIMEHeaderKey(k), -1
 }
 
 // isCanonical reports whether k is in canonical form: an upper-case letter

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,6 +120,33 @@ func TestParseSeeds(t *testing.T) {
 	}
 }
 
+// TestParseFieldsLineEnds: fields must end with the blank line, each
+// line with CRLF.
+func TestParseFieldsLineEnds(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{"A: b\r\n\r\n", true},
+		{"\r\n", true},
+		{"A: b\r\nA: c\r\n\r\n", true},
+		{"A: b\r\n", false},
+		{"A: b\r\nC: d", false},
+		{"A: b\nC: d\r\n\r\n", false},
+		{"A: b\r\n\n", false},
+		{"", false},
+		{"\n", false},
+	} {
+		if h, ok := ParseFields(tc.in); ok != tc.ok || ok && len(h) == 0 && tc.in != "\r\n" {
+			t.Errorf("ParseFields(%q) = %v, %v; want ok %v", tc.in, h, ok, tc.ok)
+		}
+	}
+	h, _ := ParseFields("A: b\r\nMcp-Session-Id: s\r\nA: c\r\nmcp-session-id: t\r\n\r\n")
+	if want := (http.Header{"A": {"b", "c"}, "Mcp-Session-Id": {"s", "t"}}); !reflect.DeepEqual(h, want) {
+		t.Errorf("repeated fields: %q, want %q", h, want)
+	}
+}
+
 func TestHeadEnd(t *testing.T) {
 	for _, tc := range []struct {
 		in        string
@@ -141,12 +169,55 @@ func TestHeadEnd(t *testing.T) {
 }
 
 func TestCanonicalKey(t *testing.T) {
-	for _, k := range []string{"content-type", "CONTENT-TYPE", "Content-Type", "mcp-session-id", "x-custom-thing", "X-Custom-Thing", "a", "x_y", "-x-", strings.Repeat("ab-", 30)} {
-		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+	for _, k := range []string{"content-type", "CONTENT-TYPE", "Content-Type", "mcp-session-id", "X-Request-Id", "x-request-iD", "X-Request-Ie", "x-custom-thing", "X-Custom-Thing", "a", "x_y", "-x-", strings.Repeat("ab-", 30)} {
+		got, c := canonicalKey(k)
+		if want := http.CanonicalHeaderKey(k); got != want {
 			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+		if want := slices.Index(commonKeys[:], got); c != want {
+			t.Errorf("canonicalKey(%q): common index %d, want %d", k, c, want)
+		}
+	}
+	for i, k := range commonKeys {
+		if c := common(k); c != i {
+			t.Errorf("common(%q) = %d, want %d", k, c, i)
+		}
+		if c := common([]byte(strings.ToLower(k))); c != -1 && k != strings.ToLower(k) {
+			t.Errorf("common(%q) = %d, want -1", strings.ToLower(k), c)
 		}
 	}
 	if n := testing.AllocsPerRun(100, func() { canonicalKey("mcp-session-id") }); n != 0 {
 		t.Errorf("canonicalKey of a common key in lower case: %v allocations, want 0", n)
+	}
+}
+
+// BenchmarkParseFields parses the header fields of a follow-up as MCP
+// clients send it.
+func BenchmarkParseFields(b *testing.B) {
+	fields := "Host: tether\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: 0123456789abcdef\r\nUser-Agent: node\r\nAccept-Encoding: gzip, deflate\r\nContent-Length: 42\r\n\r\n"
+	b.ReportAllocs()
+	for range b.N {
+		if _, ok := ParseFields(fields); !ok {
+			b.Fatal("not parsed")
+		}
+	}
+}
+
+// BenchmarkParseHead parses the head of a follow-up: as the bench's load
+// generator sends it (eight fields besides Host), and as a Node MCP client
+// does (fetch's fields too).
+func BenchmarkParseHead(b *testing.B) {
+	for _, tc := range []struct{ name, head string }{
+		{"bench", "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: 112\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: 0123456789abcdef0123456789abcdef\r\nX-Vegeta-Seq: 12345\r\nAccept-Encoding: gzip\r\n\r\n"},
+		{"node", "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nconnection: keep-alive\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-session-id: 0123456789abcdef0123456789abcdef\r\nmcp-protocol-version: 2025-06-18\r\naccept-language: *\r\nsec-fetch-mode: cors\r\nuser-agent: node\r\naccept-encoding: gzip, deflate\r\ncontent-length: 112\r\n\r\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if _, ok := parseHead(tc.head); !ok {
+					b.Fatal("not parsed")
+				}
+			}
+		})
 	}
 }

@@ -360,8 +360,8 @@ func (w *response) FlushError() error {
 }
 
 // SetReadDeadline bounds the connection's reads (the request body's, for
-// http.ResponseController).
-func (w *response) SetReadDeadline(t time.Time) error { return w.c.rwc.SetReadDeadline(t) }
+// http.ResponseController). It reaches the socket when a read needs it.
+func (w *response) SetReadDeadline(t time.Time) error { return w.c.setReadDeadline(t) }
 
 // SetWriteDeadline bounds the connection's writes.
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }

@@ -427,3 +427,311 @@ func FuzzConn(f *testing.F) {
 		}
 	})
 }
+
+// quickRequests sends n requests on c, one after the other, and reads
+// their answers.
+func quickRequests(t *testing.T, c net.Conn, br *bufio.Reader, n int) {
+	t.Helper()
+	for i := range n {
+		fmt.Fprintf(c, "GET /quick/%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("quick request %d: %v", i, err)
+		}
+		io.ReadAll(resp.Body)
+	}
+}
+
+// waitUntil returns once the clock has passed t: the tests below wait for
+// a deadline of the server's to pass, which nothing else signals.
+func waitUntil(t time.Time) {
+	<-time.After(time.Until(t))
+}
+
+// TestIdleTimeoutAfterQuickRequests: the idle deadline a busy connection
+// keeps from one request to the next still closes it once it is idle, and
+// not before IdleTimeout has passed since its last request.
+func TestIdleTimeoutAfterQuickRequests(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	addr, _ := startH1(t, http.HandlerFunc(echo), func(std *http.Server, _ *Server) { std.IdleTimeout = idle })
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	// Requests for half of IdleTimeout: a deadline set at the first wait
+	// and kept would close the connection too early.
+	for start := time.Now(); time.Since(start) < idle/2; {
+		quickRequests(t, c, br, 1)
+	}
+	last := time.Now()
+	quickRequests(t, c, br, 1)
+	if b, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("read %q, %v; want the idle connection closed", b, err)
+	}
+	if d := time.Since(last); d < idle {
+		t.Errorf("closed %v after the last request was sent, before IdleTimeout %v", d, idle)
+	}
+}
+
+// TestReadHeaderTimeoutAfterQuickRequests: a head that stalls gets
+// ReadHeaderTimeout, not the idle deadline kept on the connection.
+func TestReadHeaderTimeoutAfterQuickRequests(t *testing.T) {
+	addr, _ := startH1(t, http.HandlerFunc(echo), func(std *http.Server, _ *Server) {
+		std.ReadHeaderTimeout = 50 * time.Millisecond
+	})
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	quickRequests(t, c, br, 5)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost")
+	if b, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("read %q, %v; want the connection closed after ReadHeaderTimeout", b, err)
+	}
+}
+
+// TestKeptIdleDeadlineSparesRequests: a request that arrives just before
+// the idle deadline kept on the connection passes is not cut by it: its
+// body's read, and the watch's, happen after that deadline.
+func TestKeptIdleDeadlineSparesRequests(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	// Past it the deadline the connection had when the request arrived is
+	// over (see idleSlack), with a margin for a slow machine.
+	const past = idle + idle/idleSlack + 50*time.Millisecond
+	started := make(chan time.Time, 1)
+	cancelled := make(chan struct{})
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/body":
+			started <- time.Now()
+			echo(w, r)
+		case "/stream":
+			w.(http.Flusher).Flush()
+			started <- time.Now()
+			<-r.Context().Done()
+			close(cancelled)
+		default:
+			echo(w, r)
+		}
+	}), func(std *http.Server, s *Server) {
+		std.IdleTimeout = idle
+		s.watchDelay = time.Millisecond
+	})
+
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	quickRequests(t, c, br, 5)
+	io.WriteString(c, "POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabc")
+	waitUntil((<-started).Add(past))
+	io.WriteString(c, "def")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || string(b) != `POST /body HTTP/1.1 body="abcdef"` {
+		t.Errorf("answer %d %q, want the whole body read", resp.StatusCode, b)
+	}
+
+	c = dial(t, addr)
+	br = bufio.NewReader(c)
+	quickRequests(t, c, br, 5)
+	io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	waitUntil((<-started).Add(past))
+	c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stream's context was not cancelled when its client left after the idle deadline")
+	}
+}
+
+// TestBodyDeadlineAfterQuickRequests: a body deadline set through
+// http.ResponseController bounds a body read that needs the socket, on a
+// connection with a kept idle deadline; one cleared before the read does
+// not; one set while a read waits on the socket reaches that read.
+func TestBodyDeadlineAfterQuickRequests(t *testing.T) {
+	var srv *Server
+	started := make(chan time.Time, 1)
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		switch r.URL.Path {
+		case "/stalled":
+			rc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		case "/cleared":
+			rc.SetReadDeadline(time.Now().Add(time.Millisecond))
+			rc.SetReadDeadline(time.Time{})
+			started <- time.Now()
+		case "/waiting":
+			read := make(chan error, 1)
+			go func() {
+				_, err := io.ReadAll(r.Body)
+				read <- err
+			}()
+			// (The connections of the requests before may not be
+			// untracked yet.)
+			waitFor(func() bool {
+				srv.mu.Lock()
+				defer srv.mu.Unlock()
+				for c := range srv.conns {
+					c.mu.Lock()
+					reading := c.socketRead
+					c.mu.Unlock()
+					if reading {
+						return true
+					}
+				}
+				return false
+			})
+			rc.SetReadDeadline(time.Now())
+			if err := <-read; err != nil {
+				http.Error(w, "slow body", http.StatusRequestTimeout)
+				return
+			}
+			io.WriteString(w, "ok")
+			return
+		}
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, "slow body", http.StatusRequestTimeout)
+			return
+		}
+		io.WriteString(w, "ok")
+	}), func(_ *http.Server, s *Server) { srv = s })
+
+	for _, path := range []string{"/stalled", "/waiting"} {
+		c := dial(t, addr)
+		br := bufio.NewReader(c)
+		quickRequests(t, c, br, 5)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", path)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusRequestTimeout || !resp.Close {
+			t.Errorf("%s: status %d close %v, want 408 and the connection closed", path, resp.StatusCode, resp.Close)
+		}
+		c.Close()
+	}
+
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	quickRequests(t, c, br, 5)
+	io.WriteString(c, "POST /cleared HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabc")
+	waitUntil((<-started).Add(50 * time.Millisecond))
+	io.WriteString(c, "def")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || string(b) != "ok" {
+		t.Errorf("/cleared: answer %d %q, want the body read after its deadline was cleared", resp.StatusCode, b)
+	}
+}
+
+// TestWatchAfterQuickRequests: on a connection that has carried many
+// quick requests, a request is watched no sooner than clientWatchDelay
+// after it started (not when the timer a quick request armed fires), and
+// a client leaving then cancels it.
+func TestWatchAfterQuickRequests(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	var srv *Server
+	watchedAfter := make(chan time.Duration, 1)
+	cancelled := make(chan struct{})
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/stream" {
+			echo(w, r)
+			return
+		}
+		start := time.Now()
+		w.(http.Flusher).Flush()
+		c := onlyConn(srv)
+		waitFor(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.watch == watchReading })
+		watchedAfter <- time.Since(start)
+		<-r.Context().Done()
+		close(cancelled)
+	}), func(_ *http.Server, s *Server) {
+		s.watchDelay = delay
+		srv = s
+	})
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	// The first quick request arms the timer: the stream starts shortly
+	// before it fires.
+	first := time.Now()
+	quickRequests(t, c, br, 50)
+	waitUntil(first.Add(delay * 4 / 5))
+	io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	if d := <-watchedAfter; d < delay*3/4 {
+		t.Errorf("the stream was watched %v after it started, want clientWatchDelay %v", d, delay)
+	}
+	c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stream's context was not cancelled when its client left")
+	}
+}
+
+// TestBaseContextCancelsRequests: a BaseContext that ends cancels the
+// running requests' contexts with its cause, and a request that starts
+// after it ended gets a cancelled context; a BaseContext's deadline is
+// its requests' deadline.
+func TestBaseContextCancelsRequests(t *testing.T) {
+	type key struct{}
+	base, cancelBase := context.WithCancelCause(context.WithValue(context.Background(), key{}, "base"))
+	defer cancelBase(nil)
+	errGone := errors.New("base gone")
+	started := make(chan struct{}, 1)
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.(http.Flusher).Flush()
+		started <- struct{}{}
+		ctx := r.Context()
+		<-ctx.Done()
+		fmt.Fprintf(w, "%v %v %v", ctx.Value(key{}), ctx.Err(), context.Cause(ctx))
+	}), func(std *http.Server, _ *Server) {
+		std.BaseContext = func(net.Listener) context.Context { return base }
+	})
+	answer := func(c net.Conn, br *bufio.Reader) string {
+		t.Helper()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	want := "base context canceled base gone"
+
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /running HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	cancelBase(errGone)
+	if got := answer(c, br); got != want {
+		t.Errorf("running request: %q, want %q", got, want)
+	}
+	io.WriteString(c, "GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-started
+	if got := answer(c, br); got != want {
+		t.Errorf("request after the base ended: %q, want %q", got, want)
+	}
+
+	s.Close()
+	waitFor(func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.conns) == 0 })
+	s.mu.Lock()
+	if s.stopBase != nil {
+		t.Error("the closed server still waits for its base context")
+	}
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(time.Hour)
+	timed, cancelTimed := context.WithDeadline(context.Background(), deadline)
+	defer cancelTimed()
+	addr, _ = startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := r.Context().Deadline()
+		fmt.Fprint(w, ok && d.Equal(deadline))
+	}), func(std *http.Server, _ *Server) {
+		std.BaseContext = func(net.Listener) context.Context { return timed }
+	})
+	c = dial(t, addr)
+	br = bufio.NewReader(c)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := answer(c, br); got != "true" {
+		t.Errorf("the request's context has not the base's deadline: %q", got)
+	}
+}

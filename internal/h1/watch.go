@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"context"
 	"errors"
 	"os"
 	"time"
@@ -15,29 +16,58 @@ import (
 // read, as net/http's), which is what needs it: an SSE stream, a slow tool
 // call.
 
-// armWatch starts the request's watch timer; bodyDone says the request
-// has no body to read.
-func (c *conn) armWatch(bodyDone bool) {
+// The watch's timer is not set and stopped per request (two timer
+// operations, each a lock and a heap update, sometimes a wake-up of the
+// network poller), nor is the clock read: a request that finds the timer
+// resting arms it, and when it fires it looks at the request running
+// then. The request it was timing is watched; one that started since
+// becomes the one it times, for another clientWatchDelay; with none
+// running it rests until the next request. So a request is watched after
+// running from clientWatchDelay to twice that, and a connection busy with
+// quick requests sees one timer run per clientWatchDelay and no timer
+// operation per request.
+
+// armWatch notes the start of a request, whose context cancel cancels;
+// bodyDone says the request has no body to read. It also gives the
+// request its read deadline: none until the handler sets one.
+func (c *conn) armWatch(bodyDone bool, cancel context.CancelCauseFunc) {
 	c.mu.Lock()
-	c.watch = watchArmed
+	c.cancel = cancel
+	c.watch = watchWaiting
 	c.bodyDone = bodyDone
-	c.mu.Unlock()
-	if c.watchTimer == nil {
-		c.watchTimer = time.AfterFunc(c.srv.watchDelay, c.watchFired)
-	} else {
-		c.watchTimer.Reset(c.srv.watchDelay)
+	c.reqSeq++
+	c.rdWant = time.Time{}
+	if !c.watchArmed {
+		c.watchArmed = true
+		c.watchSeq = c.reqSeq
+		if c.watchTimer == nil {
+			c.watchTimer = time.AfterFunc(c.srv.watchDelay, c.watchFired)
+		} else {
+			c.watchTimer.Reset(c.srv.watchDelay)
+		}
 	}
+	c.mu.Unlock()
 }
 
-// watchFired runs on the timer's goroutine: it becomes the reader, unless
-// the body is still being read, when the body's end starts the reader.
+// watchFired runs on the timer's goroutine: for a request running since
+// the timer was set it becomes the reader, unless the body is still being
+// read, when the body's end starts the reader.
 func (c *conn) watchFired() {
 	c.mu.Lock()
-	if c.watch != watchArmed {
-		// The request ended first (or a stale run of the timer).
+	if c.watch != watchWaiting {
+		// No request runs (the one that armed the timer has ended): rest.
+		c.watchArmed = false
 		c.mu.Unlock()
 		return
 	}
+	if c.reqSeq != c.watchSeq {
+		// A request that started since: its turn comes at the next run.
+		c.watchSeq = c.reqSeq
+		c.watchTimer.Reset(c.srv.watchDelay)
+		c.mu.Unlock()
+		return
+	}
+	c.watchArmed = false
 	if !c.bodyDone {
 		c.watch = watchAfterBody
 		c.mu.Unlock()
@@ -62,10 +92,13 @@ func (c *conn) bodyRead() {
 	}
 }
 
-// startReadingLocked marks the reader started; c.mu is held.
+// startReadingLocked marks the reader started, and gives the socket the
+// request's read deadline (not the idle deadline it may still have); c.mu
+// is held.
 func (c *conn) startReadingLocked() {
 	c.watch = watchReading
 	c.watchDone = make(chan struct{})
+	c.applyReadDeadline()
 }
 
 // backgroundRead reads one byte: the end of the connection (the client
@@ -78,23 +111,23 @@ func (c *conn) backgroundRead() {
 	c.hasPeeked = n == 1
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		c.gone = true
-		c.cancel()
+		c.cancel(nil)
 	}
 	c.watch = watchOff
 	close(c.watchDone)
 }
 
 // stopWatch ends the request's watch, interrupting the reader if it runs,
-// and puts back a byte it read.
+// and puts back a byte it read. The timer is left as it is.
 func (c *conn) stopWatch() {
-	c.watchTimer.Stop()
 	c.mu.Lock()
 	if c.watch == watchReading {
 		done := c.watchDone
-		c.mu.Unlock()
+		// The deadline wanted stays: the next read puts it back.
+		c.rdSet = aLongTimeAgo
 		c.rwc.SetReadDeadline(aLongTimeAgo)
+		c.mu.Unlock()
 		<-done
-		c.rwc.SetReadDeadline(time.Time{})
 		c.mu.Lock()
 	}
 	c.watch = watchOff
