@@ -213,8 +213,20 @@ func (d *decisionLog) shard(sid string) *lru.Cache[string, *sessionDecisions] {
 	return d.shards[maphash.String(d.seed, sid)%uint64(len(d.shards))]
 }
 
-func (d *decisionLog) entry(sid string, create bool) *sessionDecisions {
+// promoteEvery is how stale an entry's place in its shard's LRU may get: a
+// session's requests within it do not move the entry to the front. Moving
+// it is a write lock and four pointer writes on cold cache lines per
+// request; eviction needs recency to the second, not to the request.
+const promoteEvery = time.Second
+
+// entry returns sid's entry, nil when there is none and create is false.
+// now (Unix nanoseconds) is the time of a request of the session, which
+// keeps its entry recent; 0 for a look that is not a use (History).
+func (d *decisionLog) entry(sid string, create bool, now int64) *sessionDecisions {
 	sh := d.shard(sid)
+	if e, ok := sh.Peek(sid); ok && (now == 0 || now-e.lastAt.Load() < int64(promoteEvery)) {
+		return e
+	}
 	if e, ok := sh.Get(sid); ok || !create {
 		return e
 	}
@@ -229,7 +241,7 @@ func (d *decisionLog) remove(sid string) { d.shard(sid).Remove(sid) }
 
 // History returns what this replica knows of a session's decisions.
 func (p *Proxy) History(sid string) (SessionHistory, bool) {
-	e := p.decisions.entry(sid, false)
+	e := p.decisions.entry(sid, false, 0)
 	if e == nil {
 		return SessionHistory{}, false
 	}
@@ -251,7 +263,7 @@ func (p *Proxy) recordDecision(x *exchange, status int, now time.Time) {
 	if sid == "" {
 		return // stateless, or an initialize that created no session
 	}
-	e := p.decisions.entry(sid, true)
+	e := p.decisions.entry(sid, true, now.UnixNano())
 	if x.route == routeNew || x.route == routeReinit {
 		d := &Decision{Route: x.route.String(), Reason: x.reinit, Status: status, At: now}
 		if x.ep != nil {
