@@ -19,7 +19,11 @@ import (
 //	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/a,/tmp/b -rounds 6
 //
 // It prints each round's figures and the median per target, with its ratio
-// to nginx's. The figures are not the report's (no latency, no rate
+// to nginx's, split into user space and the kernel (utime and stime), and
+// the context switches of all the target's threads per follow-up: a
+// proxy's kernel work per request is mostly the same sockets' reads and
+// writes whatever the proxy, so the split says whether a difference is in
+// the proxy's own code or in how often it sleeps and wakes. The figures are not the report's (no latency, no rate
 // search); they answer "did this change make tether cheaper than that
 // one", quickly.
 func cpuCommand(ctx context.Context, args []string) error {
@@ -69,7 +73,9 @@ func cpuCommand(ctx context.Context, args []string) error {
 		base  string
 		procs []*proc
 		live  []liveSession
-		cpu   []float64 // s per 1k, per round
+		// Per round: CPU, and its user-space and kernel parts, in s per
+		// 1k; context switches per follow-up.
+		cpu, user, sys, switches []float64
 	}
 	var targets []*target
 	for i, bin := range bins {
@@ -115,9 +121,14 @@ func cpuCommand(ctx context.Context, args []string) error {
 				return ctx.Err()
 			}
 			s := summarize(r.Samples, *dur)
-			per1k := cpuPer1k(after.CPU-before.CPU, len(r.Samples))
+			n := len(r.Samples)
+			per1k := cpuPer1k(after.CPU-before.CPU, n)
 			t.cpu = append(t.cpu, per1k)
-			fmt.Printf("round %d %-24s %5d req  %.3f s/1k  p99 %.2fms  errors %v\n", round+1, t.name, len(r.Samples), per1k, ms(s.P99), s.Errors)
+			t.user = append(t.user, cpuPer1k(after.User-before.User, n))
+			t.sys = append(t.sys, cpuPer1k(after.Sys-before.Sys, n))
+			t.switches = append(t.switches, float64(after.Switches-before.Switches)/float64(max(n, 1)))
+			fmt.Printf("round %d %-24s %5d req  %.3f s/1k (user %.3f, kernel %.3f)  %.2f switches/req  p99 %.2fms  errors %v\n",
+				round+1, t.name, n, per1k, t.user[round], t.sys[round], t.switches[round], ms(s.P99), s.Errors)
 		}
 	}
 	median := func(v []float64) float64 {
@@ -138,7 +149,8 @@ func cpuCommand(ctx context.Context, args []string) error {
 		if ngx > 0 {
 			ratio = fmt.Sprintf("  %.2f× nginx", m/ngx)
 		}
-		fmt.Printf("%-24s median %.3f s/1k%s\n", t.name, m, ratio)
+		fmt.Printf("%-24s median %.3f s/1k%s  (user %.3f, kernel %.3f; %.2f context switches per follow-up)\n",
+			t.name, m, ratio, median(t.user), median(t.sys), median(t.switches))
 	}
 	return nil
 }

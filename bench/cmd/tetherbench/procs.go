@@ -137,8 +137,12 @@ func (p *proc) stop() {
 // usage is the CPU time and resident memory of a process and its
 // descendants, from /proc.
 type usage struct {
-	CPU    time.Duration
-	RSSKiB int64
+	CPU       time.Duration
+	User, Sys time.Duration // CPU's two parts: user space and the kernel
+	RSSKiB    int64
+	// Switches counts the context switches of all threads, voluntary (a
+	// thread slept: waited for I/O, a timer, a lock) and not (preempted).
+	Switches int64
 }
 
 // clkTck is USER_HZ, the unit of utime/stime in /proc/<pid>/stat; 100 on
@@ -157,7 +161,10 @@ func treeUsage(pids ...int) usage {
 		ut, _ := strconv.ParseInt(f[11], 10, 64) // utime: field 14 of stat, 12 after "pid (comm) state"
 		st, _ := strconv.ParseInt(f[12], 10, 64)
 		u.CPU += time.Duration(ut+st) * time.Second / clkTck
+		u.User += time.Duration(ut) * time.Second / clkTck
+		u.Sys += time.Duration(st) * time.Second / clkTck
 		u.RSSKiB += rssKiB(pid)
+		u.Switches += contextSwitches(pid)
 	}
 	return u
 }
@@ -203,6 +210,29 @@ func statFields(pid int) ([]string, bool) {
 		return nil, false
 	}
 	return strings.Fields(s[i+1:]), true
+}
+
+// contextSwitches sums the context switches of pid's threads.
+func contextSwitches(pid int) int64 {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, _ := os.ReadDir(dir)
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/status")
+		if err != nil {
+			continue // the thread ended
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				n += k
+			} else if v, ok := strings.CutPrefix(line, "nonvoluntary_ctxt_switches:"); ok {
+				k, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 func rssKiB(pid int) int64 {
