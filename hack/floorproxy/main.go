@@ -11,6 +11,11 @@
 //	go build -o /tmp/floor ./hack/floorproxy
 //	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/tether,/tmp/floor
 //
+// FLOOR_HEADER_MAPS and FLOOR_PEEK (below) add one of tether's costs each:
+//
+//	printf '#!/bin/sh\nFLOOR_HEADER_MAPS=1 exec /tmp/floor "$@"\n' >/tmp/floor-maps; chmod +x /tmp/floor-maps
+//	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/floor,/tmp/floor-maps
+//
 // It takes tether's serve flags (--backends, --listen, --admin-listen; the
 // others are ignored), so the bench starts it as it starts tether. The
 // backends must be the bench's, with -named-ids: b0.…, b1.…, in the order
@@ -28,6 +33,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+	"unsafe"
 
 	"github.com/tether-mcp/tether/internal/h1"
 )
@@ -39,12 +46,51 @@ type pool struct {
 }
 
 type bconn struct {
+	raw net.Conn // c's net.Conn, for peek
 	c   net.Conn
 	buf []byte
 }
 
 var pools []*pool
 var rr int
+
+// Two of tether's costs can be added to the floor, to price them in the
+// same regime (the bench starts the floor as it starts tether, so they are
+// switched on from the environment, by a wrapper script):
+// FLOOR_HEADER_MAPS=1 parses the fields of every request and answer head
+// into an http.Header, as h1 does for tether's handler and client;
+// FLOOR_PEEK=1 peeks at a pooled backend connection before reusing it, as
+// tether's client does to find one the backend has closed.
+var (
+	withMaps = os.Getenv("FLOOR_HEADER_MAPS") == "1"
+	withPeek = os.Getenv("FLOOR_PEEK") == "1"
+	sink     int // keeps the parsed maps from being optimized away
+)
+
+// parseMap parses head's fields into an http.Header, when asked to.
+func parseMap(head []byte) {
+	if !withMaps {
+		return
+	}
+	i := bytes.Index(head, []byte("\r\n"))
+	h, ok := h1.ParseFields(string(head[i+2:]))
+	if ok {
+		sink += len(h)
+	}
+}
+
+// peek peeks at c's socket without waiting, when asked to.
+func peek(c net.Conn) {
+	if !withPeek {
+		return
+	}
+	rc, _ := c.(syscall.Conn).SyscallConn()
+	var b [1]byte
+	rc.Read(func(fd uintptr) bool {
+		syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		return true
+	})
+}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "serve" {
@@ -145,6 +191,7 @@ func serve(c net.Conn) {
 			return
 		}
 		head := buf[:end]
+		parseMap(head)
 		cl, _ := strconv.Atoi(field(head, "content-length"))
 		if cl < 0 {
 			return
@@ -187,7 +234,9 @@ func forward(p *pool, c net.Conn, req []byte) bool {
 		if err != nil {
 			return false
 		}
-		b = &bconn{c: h1.RawIO(bc), buf: make([]byte, 8192)}
+		b = &bconn{c: h1.RawIO(bc), raw: bc, buf: make([]byte, 8192)}
+	} else {
+		peek(b.raw)
 	}
 	if _, err := b.c.Write(req); err != nil {
 		b.c.Close()
@@ -200,6 +249,7 @@ func forward(p *pool, c net.Conn, req []byte) bool {
 		return false
 	}
 	head := buf[:end]
+	parseMap(head)
 	if cl := field(head, "content-length"); cl != "" {
 		k, err := strconv.Atoi(cl)
 		if err != nil || k < 0 {
