@@ -88,27 +88,25 @@ type conn struct {
 	rdWant, rdSet time.Time
 	socketRead    bool
 
-	// The client watch. watchTimer runs while watchArmed is set, timing
-	// request number watchSeq; reqSeq numbers the requests.
-	watch      watchState
-	watchDone  chan struct{}
-	watchTimer *time.Timer
-	watchArmed bool
-	reqSeq     uint64
-	watchSeq   uint64
-	bodyDone   bool
-	gone       bool                    // the client closed, or its connection failed
-	cancel     context.CancelCauseFunc // the running request's, or the last one's
-	peeked     [1]byte
-	hasPeeked  bool
+	// The client watch. reqSeq numbers the requests; watchSeq is the
+	// number of the last one the server's watch timer saw running.
+	watch     watchState
+	watchDone chan struct{}
+	reqSeq    uint64
+	watchSeq  uint64
+	bodyDone  bool
+	gone      bool                    // the client closed, or its connection failed
+	cancel    context.CancelCauseFunc // the running request's, or the last one's
+	peeked    [1]byte
+	hasPeeked bool
 }
 
 type watchState uint8
 
 const (
 	watchOff       watchState = iota // no request runs
-	watchWaiting                     // a request runs, not yet for clientWatchDelay
-	watchAfterBody                   // its delay passed while the body was being read
+	watchWaiting                     // a request runs, not yet for two ticks
+	watchAfterBody                   // its ticks passed while the body was being read
 	watchReading                     // a goroutine reads the connection
 )
 
@@ -141,10 +139,7 @@ func (c *conn) serve() {
 		}
 		c.mu.Lock()
 		if c.watch != watchReading {
-			c.watch = watchOff // a timer run still to come does nothing
-		}
-		if c.watchTimer != nil {
-			c.watchTimer.Stop()
+			c.watch = watchOff // a tick still to come does nothing
 		}
 		c.mu.Unlock()
 		if !handedOff {
