@@ -251,7 +251,7 @@ func (s *Server) cancelRequests() {
 	for c := range s.conns {
 		c.mu.Lock()
 		if c.cancel != nil {
-			c.cancel(cause)
+			c.cancelLocked(cause)
 		}
 		c.mu.Unlock()
 	}

@@ -32,11 +32,12 @@ import (
 // only reads an atomic flag: a busy server makes one timer operation per
 // tick, none per request, and an idle one none at all.
 
-// armWatch notes the start of a request, whose context cancel cancels;
-// bodyDone says the request has no body to read. It also gives the
-// request its read deadline: none until the handler sets one.
-func (c *conn) armWatch(bodyDone bool, cancel context.CancelCauseFunc) {
+// armWatch notes the start of a request, of context ctx, which cancel
+// cancels; bodyDone says the request has no body to read. It also gives
+// the request its read deadline: none until the handler sets one.
+func (c *conn) armWatch(ctx context.Context, cancel context.CancelCauseFunc, bodyDone bool) {
 	c.mu.Lock()
+	c.reqCtx = ctx
 	c.cancel = cancel
 	c.watch = watchWaiting
 	c.bodyDone = bodyDone
@@ -151,7 +152,7 @@ func (c *conn) startReadingLocked() {
 
 // backgroundRead reads one byte: the end of the connection (the client
 // left: the request's context is cancelled), a pipelined request's first
-// byte (kept for the next request), or the interruption stopWatch causes.
+// byte (kept for the next request), or the interruption endRequest causes.
 func (c *conn) backgroundRead() {
 	n, err := c.io.Read(c.peeked[:])
 	c.mu.Lock()
@@ -159,17 +160,19 @@ func (c *conn) backgroundRead() {
 	c.hasPeeked = n == 1
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		c.gone = true
-		c.cancel(nil)
+		c.cancelLocked(nil)
 	}
 	c.watch = watchOff
 	close(c.watchDone)
 }
 
-// stopWatch ends the request's watch, interrupting the reader if it runs,
-// and puts back a byte it read. The timer is left as it is: the next
-// tick finds no request here.
-func (c *conn) stopWatch() {
+// endRequest cancels the request's context, as net/http does once the
+// handler has returned, and ends the request's watch, interrupting the
+// reader if it runs; it puts back a byte the reader read. The timer is
+// left as it is: the next tick finds no request here.
+func (c *conn) endRequest() {
 	c.mu.Lock()
+	c.cancelLocked(nil)
 	if c.watch == watchReading {
 		done := c.watchDone
 		// The deadline wanted stays: the next read puts it back.
