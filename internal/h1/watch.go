@@ -30,7 +30,11 @@ import (
 // timer rest, and the next request to start arms it again (that request
 // counts as seen: the first tick is clientWatchDelay away). A request
 // only reads an atomic flag: a busy server makes one timer operation per
-// tick, none per request, and an idle one none at all.
+// tick, none per request, and an idle one none at all. Shutdown and Close
+// leave the timer be: a request still running is still watched (the read
+// of its closed connection fails, which cancels it), and the timer rests
+// once none runs. A connection handed over, or closed, has no request
+// running for a tick to see.
 
 // armWatch notes the start of a request, of context ctx, which cancel
 // cancels; bodyDone says the request has no body to read. It also gives
