@@ -72,9 +72,10 @@ type conn struct {
 	resp   response
 	header http.Header // the response header map, cleared between requests
 
-	// mu guards the client watch (see clientWatchDelay and watch.go) and,
-	// while a request runs, the read deadlines; between requests only the
-	// connection's goroutine uses them.
+	// mu guards the client watch (see clientWatchDelay and watch.go), the
+	// request's cancellation (cancel.go) and, while a request runs, the
+	// read deadlines; between requests only the connection's goroutine
+	// uses the deadlines.
 	mu sync.Mutex
 
 	// Read deadlines are applied lazily: a timer operation for each set
@@ -88,27 +89,33 @@ type conn struct {
 	rdWant, rdSet time.Time
 	socketRead    bool
 
-	// The client watch. watchTimer runs while watchArmed is set, timing
-	// request number watchSeq; reqSeq numbers the requests.
-	watch      watchState
-	watchDone  chan struct{}
-	watchTimer *time.Timer
-	watchArmed bool
-	reqSeq     uint64
-	watchSeq   uint64
-	bodyDone   bool
-	gone       bool                    // the client closed, or its connection failed
-	cancel     context.CancelCauseFunc // the running request's, or the last one's
-	peeked     [1]byte
-	hasPeeked  bool
+	// The client watch. reqSeq numbers the requests; watchSeq is the
+	// number of the last one the server's watch timer saw running.
+	watch     watchState
+	watchDone chan struct{}
+	reqSeq    uint64
+	watchSeq  uint64
+	bodyDone  bool
+	gone      bool // the client closed, or its connection failed
+	peeked    [1]byte
+	hasPeeked bool
+
+	// The running request's context, or the last one's, and its cancel
+	// (see cancelLocked); onCancel is what AfterCancel registered on it,
+	// stopOnCancel the stop func AfterCancel returns (c.stopAfterCancel,
+	// made once).
+	reqCtx       context.Context
+	cancel       context.CancelCauseFunc
+	onCancel     func()
+	stopOnCancel func() bool
 }
 
 type watchState uint8
 
 const (
 	watchOff       watchState = iota // no request runs
-	watchWaiting                     // a request runs, not yet for clientWatchDelay
-	watchAfterBody                   // its delay passed while the body was being read
+	watchWaiting                     // a request runs, not yet for two ticks
+	watchAfterBody                   // its ticks passed while the body was being read
 	watchReading                     // a goroutine reads the connection
 )
 
@@ -116,6 +123,13 @@ func newConn(s *Server, rwc net.Conn, ctx context.Context) *conn {
 	c := &conn{srv: s, rwc: rwc, io: RawIO(rwc), ctx: ctx, remote: rwc.RemoteAddr().String()}
 	c.state.Store(stateActive)
 	c.body.c = c
+	if ctx.Done() == nil {
+		// The requests' contexts are cancelled by c alone (a base with a
+		// deadline cancels them itself): AfterCancel finds c through
+		// them.
+		c.ctx = context.WithValue(ctx, connKey{}, c)
+		c.stopOnCancel = c.stopAfterCancel
+	}
 	return c
 }
 
@@ -141,10 +155,7 @@ func (c *conn) serve() {
 		}
 		c.mu.Lock()
 		if c.watch != watchReading {
-			c.watch = watchOff // a timer run still to come does nothing
-		}
-		if c.watchTimer != nil {
-			c.watchTimer.Stop()
+			c.watch = watchOff // a tick still to come does nothing
 		}
 		c.mu.Unlock()
 		if !handedOff {
@@ -334,15 +345,14 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 	w := &c.resp
 	w.reset(c, req, c.header)
-	c.armWatch(h.contentLength == 0, cancel)
+	c.armWatch(ctx, cancel, h.contentLength == 0)
 	if base := c.srv.base; base != nil && base.Err() != nil {
 		// Ended before cancelRequests could see this request.
 		cancel(context.Cause(base))
 	}
 
 	aborted := c.runHandler(w, req)
-	cancel(nil)
-	c.stopWatch()
+	c.endRequest()
 	if aborted {
 		return false
 	}

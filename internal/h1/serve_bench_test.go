@@ -17,7 +17,7 @@ import (
 // BenchmarkServe is one request through the fast path on a keep-alive
 // connection, with a handler that does to h1 what tether's proxy does: a
 // body deadline set and cleared through http.ResponseController around
-// the body's read, the context's Done and an AfterFunc (its backend
+// the body's read, an AfterCancel on the request's context (its backend
 // client's), under a cancellable base context (tether's BaseContext).
 // The client is a raw loop over pre-built bytes.
 //
@@ -36,10 +36,8 @@ func BenchmarkServe(b *testing.B) {
 			}
 		}
 		rc.SetReadDeadline(time.Time{})
-		if ctx := r.Context(); ctx.Done() != nil {
-			stop := context.AfterFunc(ctx, func() {})
-			defer stop()
-		}
+		stop := AfterCancel(r.Context(), func() {})
+		defer stop()
 		h := w.Header()
 		h["Content-Type"] = []string{"application/json"}
 		h["Content-Length"] = []string{fmt.Sprint(len(answer))}

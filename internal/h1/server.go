@@ -37,6 +37,12 @@ type Server struct {
 	handoff   *handoffListener
 	closing   atomic.Bool
 
+	// The client watch's timer, one for all the connections (see
+	// watch.go): it runs while watchArmed is set, and watchArms counts
+	// the times it was set or set again.
+	watchTimer *time.Timer
+	watchArmed atomic.Bool
+	watchArms  atomic.Uint64
 	// watchDelay is clientWatchDelay; tests shorten it.
 	watchDelay time.Duration
 
@@ -58,13 +64,17 @@ type Server struct {
 // must be zero (the fast path has none: its answers are SSE streams that
 // live for hours).
 func Wrap(std *http.Server) *Server {
-	return &Server{
+	s := &Server{
 		std:       std,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*conn]struct{}),
 
 		watchDelay: clientWatchDelay,
 	}
+	// Made stopped: the first request arms it.
+	s.watchTimer = time.AfterFunc(time.Hour, s.watchTick)
+	s.watchTimer.Stop()
+	return s
 }
 
 // Serve accepts connections on ln until it fails or the server is shut
@@ -241,7 +251,7 @@ func (s *Server) cancelRequests() {
 	for c := range s.conns {
 		c.mu.Lock()
 		if c.cancel != nil {
-			c.cancel(cause)
+			c.cancelLocked(cause)
 		}
 		c.mu.Unlock()
 	}

@@ -56,8 +56,11 @@ func TestFollowUpAllocations(t *testing.T) {
 // the body, the backend's answer as h1.ReadResponse reads it (the
 // response, its head as a string, the header map's two and its values),
 // the client's wrapper of the answer's body, and context.AfterFunc's two
-// (the context and its stop func; under h1 the request's own context
-// also makes its Done channel and its children's map for it). No header
+// (the context and its stop func), which h1.AfterCancel falls back to for
+// this test's context. For the context of a request h1 serves, as in the
+// binary, AfterCancel makes none of them, nor the Done channel and the
+// children's map AfterFunc would make there (internal/server's
+// BenchmarkFollowUp counts the whole server's allocations). No header
 // map or *http.Request is made for the request to the backend, and the
 // answer's header map becomes the client's (the writer adopts it, as h1's
 // does).

@@ -99,7 +99,7 @@ type clientConn struct {
 	// maxResponseHeadBytes while a head is read, unbounded otherwise.
 	readLimit int64
 	idleSince time.Time
-	// stop unregisters the current request's context.AfterFunc, abortFunc
+	// stop unregisters the current request's h1.AfterCancel, abortFunc
 	// (pc.abort, made once rather than for each request); aborted is set
 	// by that func, which closes the connection.
 	stop      func() bool
@@ -136,8 +136,9 @@ func (pc *clientConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// abort is the request context's AfterFunc: closing the connection ends a
-// blocked write or read on it, with no goroutine waiting per request.
+// abort runs once the request's context is cancelled: closing the
+// connection ends a blocked write or read on it, with no goroutine waiting
+// per request.
 func (pc *clientConn) abort() {
 	pc.aborted.Store(true)
 	pc.conn.Close()
@@ -287,10 +288,10 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*http.R
 		r.closeBody()
 		return nil, nil, err
 	}
-	if ctx.Done() != nil {
-		pc.aborted.Store(false)
-		pc.stop = context.AfterFunc(ctx, pc.abortFunc)
-	}
+	// h1.AfterCancel is context.AfterFunc without its allocations for
+	// the context of a request h1 serves.
+	pc.aborted.Store(false)
+	pc.stop = h1.AfterCancel(ctx, pc.abortFunc)
 	pc.written, pc.unanswered = 0, true
 	req := r.http()
 	err = r.write(pc.bw)
@@ -421,7 +422,7 @@ func (c *client) takeIdle(addr string) *clientConn {
 func (pc *clientConn) release(reuse bool) {
 	if pc.stop != nil {
 		if !pc.stop() {
-			reuse = false // the AfterFunc ran: the connection is closed
+			reuse = false // abortFunc ran: the connection is closed
 		}
 		pc.stop = nil
 	}
