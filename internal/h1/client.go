@@ -155,13 +155,16 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	if !r.parseStatusLine(line) {
 		return false
 	}
-	h, ok := appendFields(r.fields[:0], rest)
+	// The fields named are looked for only when present (most answers
+	// have none of them but a Content-Length or Transfer-Encoding).
+	h, has, ok := appendFields(r.fields[:0], rest)
 	if !ok {
 		return false
 	}
 
 	chunked := false
-	if te := h.Count("Transfer-Encoding"); te > 0 {
+	if has.has(keyTransferEncoding) {
+		te := h.Count("Transfer-Encoding")
 		// net/http ignores a Transfer-Encoding in an HTTP/1.0 answer; it
 		// refuses any coding but one "chunked" (in any case: net/http's).
 		if resp.ProtoMinor == 1 {
@@ -173,8 +176,8 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 		h.Del("Transfer-Encoding")
 	}
 	length := int64(-1) // the Content-Length, -1 when absent
-	if cl := h.Count("Content-Length"); cl > 0 {
-		if cl > 1 {
+	if has.has(keyContentLength) {
+		if h.Count("Content-Length") > 1 {
 			return false // repeated: net/http's
 		}
 		if length, ok = parseContentLength([]string{h.Get("Content-Length")}); !ok {
@@ -184,9 +187,10 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 
 	// shouldClose, as net/http: HTTP/1.0 closes unless kept alive; an
 	// HTTP/1.1 "Connection: close" closes and leaves the header.
-	closing := h.containsToken("Connection", "close")
+	conn := has.has(keyConnection)
+	closing := conn && h.containsToken("Connection", "close")
 	if resp.ProtoMinor == 0 {
-		closing = closing || !h.containsToken("Connection", "keep-alive")
+		closing = closing || !(conn && h.containsToken("Connection", "keep-alive"))
 	} else if closing {
 		h.Del("Connection")
 	}
@@ -201,7 +205,9 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	case head || status/100 == 1 || status == 204 || status == 304:
 		realLength = 0
 	case chunked:
-		h.Del("Content-Length")
+		if has.has(keyContentLength) {
+			h.Del("Content-Length")
+		}
 		realLength = -1
 	}
 	resp.ContentLength = realLength
@@ -211,7 +217,7 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	if chunked {
 		r.te[0] = "chunked"
 		resp.TransferEncoding = r.te[:]
-		if h.Has("Trailer") {
+		if has.has(keyTrailer) {
 			if resp.Trailer, ok = parseTrailer(&h); !ok {
 				return false // a forbidden key: net/http's error
 			}
@@ -240,7 +246,7 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 
 	// As net/http: HTTP/1.0's "Pragma: no-cache" means "Cache-Control:
 	// no-cache" when the latter is absent.
-	if h.Get("Pragma") == "no-cache" && !h.Has("Cache-Control") {
+	if has.has(keyPragma) && !has.has(keyCacheControl) && h.Get("Pragma") == "no-cache" {
 		h = append(h, Field{"Cache-Control", "no-cache"})
 	}
 	r.Header = h

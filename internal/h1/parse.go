@@ -63,10 +63,10 @@ var commonKeys = [...]string{
 	"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
 	"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
 	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
-	"Transfer-Encoding", "Expect", "Upgrade",
+	"Transfer-Encoding", "Expect", "Upgrade", "Trailer",
 }
 
-// The indices of the common keys parseHead looks at.
+// The indices of the common keys parseHead and ReadAnswer look at.
 var (
 	keyCacheControl     = common("Cache-Control")
 	keyConnection       = common("Connection")
@@ -74,6 +74,7 @@ var (
 	keyExpect           = common("Expect")
 	keyHost             = common("Host")
 	keyPragma           = common("Pragma")
+	keyTrailer          = common("Trailer")
 	keyTransferEncoding = common("Transfer-Encoding")
 	keyUpgrade          = common("Upgrade")
 )
@@ -244,17 +245,22 @@ func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok b
 }
 
 // appendFields parses fields as ParseFields does, into a list: their
-// fields are appended to dst, which is given room for all of them.
-func appendFields(dst Fields, fields string) (Fields, bool) {
+// fields are appended to dst, which is given room for all of them. The
+// fieldSet tells the common keys present (not Host apart).
+func appendFields(dst Fields, fields string) (Fields, fieldSet, bool) {
 	sc, n, ok := scanFields(fields)
 	if !ok {
-		return nil, false
+		return nil, fieldSet{}, false
 	}
 	dst = slices.Grow(dst, n)
+	var f fieldSet
 	for {
-		key, _, v, more := sc.next()
+		key, c, v, more := sc.next()
 		if !more {
-			return dst, sc.ok
+			return dst, f, sc.ok
+		}
+		if c >= 0 {
+			f.seen |= 1 << c
 		}
 		dst = append(dst, Field{key, v})
 	}
