@@ -40,10 +40,10 @@ const (
 // caller hands each request and each answer to over channels, a futex
 // wake-up on another thread each time. Answers are read by
 // h1.ReadAnswer: http.ReadResponse's result, without its textproto
-// allocations or a header map, and a body read with none. Nothing here reads an idle
-// connection, so the backend's FIN on an idle connection is seen by
-// peeking at the socket before the request is written (stateProbe), where
-// net/http's readLoop would have noticed it.
+// allocations or a header map, and a body read with none. Nothing here
+// reads an idle connection, so the backend's FIN on an idle connection is
+// seen by peeking at the socket before the request is written
+// (stateProbe), where net/http's readLoop would have noticed it.
 //
 // The retry rules are net/http's, plus tether's own:
 //   - a pooled connection the backend has left (FIN, reset, unsolicited
