@@ -8,55 +8,103 @@ import (
 	"testing"
 )
 
-// adopt hands h to w as a proxy does: adopted by h1's writer, copied into
-// any other's header (each value list after what is there).
-func adopt(w http.ResponseWriter, h http.Header) bool {
-	if a, ok := w.(interface{ AdoptHeader(http.Header) bool }); ok && a.AdoptHeader(h) {
+// adopt hands f to w as a proxy does: adopted by h1's writer, added to
+// any other's header (each value after what is there).
+func adopt(w http.ResponseWriter, f Fields) bool {
+	if a, ok := w.(interface{ AdoptFields(Fields) bool }); ok && a.AdoptFields(f) {
 		return true
 	}
 	dst := w.Header()
-	for k, vv := range h {
-		dst[k] = append(dst[k], vv...)
+	for _, fl := range f {
+		dst[fl.Name] = append(dst[fl.Name], fl.Value)
 	}
 	return false
 }
 
-// A header map adopted by the fast path's writer reaches the client as the
-// same header copied into net/http's would: merged with what the handler
-// set before, its trailers announced and sent.
-func TestAdoptHeaderAsNetHTTP(t *testing.T) {
+// Adopted fields reach the client as the same fields added to net/http's
+// header would: merged with what the handler set before and after, the
+// framing fields the writer's, its trailers announced and sent.
+func TestAdoptFieldsAsNetHTTP(t *testing.T) {
 	get := "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 	for _, tc := range []struct {
 		name string
 		h    http.HandlerFunc
 	}{
 		{"adopted", func(w http.ResponseWriter, r *http.Request) {
-			adopt(w, http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}})
+			adopt(w, Fields{{"Content-Type", "application/json"}, {"X-Multi", "a"}, {"X-Other", "o"}, {"X-Multi", "b"}})
 			io.WriteString(w, `{}`)
 		}},
 		{"merged", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Multi", "first")
 			w.Header().Set("X-Own", "1")
-			adopt(w, http.Header{"X-Multi": {"a", "b"}, "Content-Length": {"2"}})
+			adopt(w, Fields{{"X-Multi", "a"}, {"Content-Length", "2"}, {"X-Multi", "b"}})
 			w.Header().Set("X-After", "2")
+			w.Header().Add("X-Multi", "last")
 			io.WriteString(w, `{}`)
 		}},
+		{"length", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Content-Length", "3"}, {"Content-Type", "text/plain"}})
+			io.WriteString(w, "abc")
+		}},
+		{"length of a 204", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Content-Length", "3"}, {"X-A", "1"}})
+			w.WriteHeader(http.StatusNoContent)
+		}},
+		{"framing", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Transfer-Encoding", "chunked"}, {"Date", "Mon, 30 Nov 2026 22:04:35 GMT"}, {"Content-Type", "text/event-stream"}})
+			io.WriteString(w, "data: 1\n\n")
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "data: 2\n\n")
+		}},
+		{"connection close", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"X-A", "1"}, {"Connection", "close"}})
+			io.WriteString(w, "bye")
+		}},
+		{"odd fields", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Bad Name", "v"}, {"X-Break", "a\r\nX-Injected: b"}, {http.TrailerPrefix + "X-T", "t"}, {"X-Empty", ""}})
+			io.WriteString(w, "x")
+		}},
 		{"trailers", func(w http.ResponseWriter, r *http.Request) {
-			adopt(w, http.Header{"Trailer": {"X-T"}, "Content-Type": {"text/plain"}})
+			adopt(w, Fields{{"Trailer", "X-T"}, {"Content-Type", "text/plain"}, {"Trailer", "X-V"}, {"X-V", "in the head"}})
 			w.WriteHeader(http.StatusOK)
 			io.WriteString(w, "a")
 			w.Header().Set("X-T", "v")
 			w.Header().Set(http.TrailerPrefix+"X-U", "w")
 		}},
+		{"trailers of the fields", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Trailer", "X-T"}, {"X-T", "from the head"}})
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, "a")
+		}},
+		{"trailer announced after", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Content-Type", "text/plain"}})
+			w.Header().Add("Trailer", "X-T")
+			io.WriteString(w, "a")
+			w.Header().Set("X-T", "v")
+		}},
+		{"twice", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"X-A", "1"}, {"X-B", "1"}})
+			adopt(w, Fields{{"X-A", "2"}})
+			io.WriteString(w, "a")
+		}},
 		{"after the status", func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusAccepted)
-			adopt(w, http.Header{"X-Late": {"1"}})
+			adopt(w, Fields{{"X-Late", "1"}})
 			io.WriteString(w, "a")
 		}},
 		{"status", func(w http.ResponseWriter, r *http.Request) {
-			adopt(w, http.Header{"Content-Type": {"text/event-stream"}})
+			adopt(w, Fields{{"Content-Type", "text/event-stream"}})
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, "data: 1\n\n")
+		}},
+		{"interim", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, Fields{{"Link", "</x>"}})
+			w.WriteHeader(http.StatusEarlyHints)
+			io.WriteString(w, "a")
+		}},
+		{"none", func(w http.ResponseWriter, r *http.Request) {
+			adopt(w, nil)
+			io.WriteString(w, "a")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,12 +119,13 @@ func TestAdoptHeaderAsNetHTTP(t *testing.T) {
 	}
 }
 
-// AdoptHeader takes a map only before the head is set; it leaves the value
-// lists the handler set as they were; and what it adopted is not the next
-// request's on the connection.
-func TestAdoptHeader(t *testing.T) {
+// AdoptFields takes fields only before the head is set; Header then holds
+// them, after what the handler set, whose value lists are left as they
+// were; and what it adopted is not the next request's on the connection.
+func TestAdoptFields(t *testing.T) {
 	type result struct {
 		before, after bool
+		header        http.Header
 		shared        string
 	}
 	results := make(chan result, 1)
@@ -89,10 +138,11 @@ func TestAdoptHeader(t *testing.T) {
 		own[0] = "own"
 		w.Header()["X-Multi"] = own
 		var res result
-		res.before = adopt(w, http.Header{"X-Multi": {"adopted"}, "X-Adopted": {"1"}})
+		res.before = adopt(w, Fields{{"X-Multi", "adopted"}, {"X-Adopted", "1"}})
+		res.header = w.Header().Clone()
 		res.shared = own[:2][1]
 		w.WriteHeader(http.StatusOK)
-		res.after = adopt(w, http.Header{"X-Late": {"1"}})
+		res.after = adopt(w, Fields{{"X-Late", "1"}})
 		results <- res
 	}))
 	c := dial(t, addr)
@@ -113,10 +163,13 @@ func TestAdoptHeader(t *testing.T) {
 	resp := read("/x")
 	res := <-results
 	if !res.before || res.after {
-		t.Errorf("AdoptHeader before the status: %v, after it: %v; want true, false", res.before, res.after)
+		t.Errorf("AdoptFields before the status: %v, after it: %v; want true, false", res.before, res.after)
+	}
+	if want := (http.Header{"X-Multi": {"own", "adopted"}, "X-Adopted": {"1"}}); !reflect.DeepEqual(res.header, want) {
+		t.Errorf("Header after AdoptFields: %v, want %v", res.header, want)
 	}
 	if res.shared != "" {
-		t.Errorf("AdoptHeader wrote %q into the array of the handler's value list", res.shared)
+		t.Errorf("Header wrote %q into the array of the handler's value list", res.shared)
 	}
 	if got := resp.Header.Values("X-Multi"); !reflect.DeepEqual(got, []string{"own", "adopted"}) {
 		t.Errorf("X-Multi: %q, want the handler's value, then the adopted one", got)

@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
-
-	"golang.org/x/net/http/httpguts"
 )
 
 // This file reads the answers of backends, for tether's HTTP/1.1 client.
@@ -19,19 +17,54 @@ import (
 // two layers (a locked body over a chunked reader or a LimitReader). The
 // answer backends send is of one shape: a status line, a few CRLF-ended
 // fields, and a body of a Content-Length, chunked (every SSE stream of
-// go-sdk), or up to the close. ReadResponse reads that shape from the
+// go-sdk), or up to the close. ReadAnswer reads that shape from the
 // bytes its reader has buffered, before consuming any of them, and hands
 // everything else (a head longer than the buffer, bare LF line ends, an
 // obsolete fold, repeated Content-Length, a transfer coding other than
 // chunked, any malformed input) to http.ReadResponse over the same bytes:
 // net/http keeps every edge case and its exact error.
 
-// ReadResponse reads an HTTP/1.x response, the answer to req (nil is a
-// GET), from br, and returns what http.ReadResponse returns for the same
-// bytes: the same status, header, framing (ContentLength, TransferEncoding,
-// Close, Trailer) and body, and an error where it fails. Errors differ
-// from net/http's only in their text, and only for bytes that net/http
-// would also refuse: the connection ended or failed within the head.
+// Answer is a response read by ReadAnswer: an http.Response whose header
+// is a list of fields rather than a map. Header shadows Response.Header,
+// which is nil: a proxy reads and edits the fields, and h1's response
+// writer renders them (AdoptFields) without a map ever being built.
+type Answer struct {
+	*http.Response
+	Header Fields
+}
+
+// HTTPResponse returns the answer as an http.Response, its header in a
+// map: for code that needs one. The Answer is not to be used after.
+func (a *Answer) HTTPResponse() *http.Response {
+	a.Response.Header = a.Header.Header()
+	return a.Response
+}
+
+// AnswerOf returns resp as an Answer, its header made a list of fields
+// (each name's values in their order, the names in the map's); resp.Header
+// is nil after. For a response that came from elsewhere than ReadAnswer
+// (another transport).
+func AnswerOf(resp *http.Response) *Answer {
+	a := new(stdAnswer)
+	a.Response = resp
+	a.Header = appendFieldsOf(a.fields[:0], resp.Header)
+	resp.Header = nil
+	return &a.Answer
+}
+
+// stdAnswer is an Answer of AnswerOf with room for its fields.
+type stdAnswer struct {
+	Answer
+	fields [8]Field
+}
+
+// ReadAnswer reads an HTTP/1.x response, the answer to req (nil is a GET),
+// from br, and returns what http.ReadResponse returns for the same bytes:
+// the same status, header (as Fields: the same values for each name, in
+// the same order), framing (ContentLength, TransferEncoding, Close,
+// Trailer) and body, and an error where it fails. Errors differ from
+// net/http's only in their text, and only for bytes that net/http would
+// also refuse: the connection ended or failed within the head.
 //
 // The body of an answer of the common shape is Body, read on the caller's
 // goroutine without an allocation per read. It differs from net/http's in
@@ -39,29 +72,44 @@ import (
 // connection usable (net/http's does, for a keep-alive answer), since
 // the connection's owner knows best whether it is worth the wait; and
 // once a read fails, every later read returns the same error.
-func ReadResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+func ReadAnswer(br *bufio.Reader, req *http.Request) (*Answer, error) {
 	block, err := peekHead(br)
 	if err != nil {
 		return nil, err
 	}
 	if block == nil {
-		return http.ReadResponse(br, req)
+		return readStd(br, req)
 	}
 	r := new(answer)
+	r.Answer.Response = &r.resp
 	if !r.parse(string(block), req) {
-		return http.ReadResponse(br, req)
+		return readStd(br, req)
 	}
 	br.Discard(len(block))
 	r.body.br = br
-	r.Response.Request = req
-	return &r.Response, nil
+	r.resp.Request = req
+	return &r.Answer, nil
 }
 
-// answer is a response with its body, in one allocation.
+// readStd reads an answer not of the common shape with http.ReadResponse.
+func readStd(br *bufio.Reader, req *http.Request) (*Answer, error) {
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return nil, err
+	}
+	return AnswerOf(resp), nil
+}
+
+// answer is an Answer with its response, body and fields, in one
+// allocation.
 type answer struct {
-	http.Response
+	Answer
+	resp http.Response
 	body Body
 	te   [1]string
+	// fields holds the fields of an answer that has no more (a backend's
+	// answer has five or six).
+	fields [8]Field
 }
 
 // peekHead returns the head at the start of br, through the blank line
@@ -103,43 +151,48 @@ func peekHead(br *bufio.Reader) ([]byte, error) {
 // it, for its answer or its error.
 func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	line, rest, _ := strings.Cut(block, "\r\n")
-	resp := &r.Response
+	resp := &r.resp
 	if !r.parseStatusLine(line) {
 		return false
 	}
-	h, ok := ParseFields(rest)
+	// The fields named are looked for only when present (most answers
+	// have none of them but a Content-Length or Transfer-Encoding).
+	h, has, ok := appendFields(r.fields[:0], rest)
 	if !ok {
 		return false
 	}
-	resp.Header = h
 
 	chunked := false
-	if te, ok := h["Transfer-Encoding"]; ok {
-		delete(h, "Transfer-Encoding")
+	if has.has(keyTransferEncoding) {
+		te := h.Count("Transfer-Encoding")
 		// net/http ignores a Transfer-Encoding in an HTTP/1.0 answer; it
 		// refuses any coding but one "chunked" (in any case: net/http's).
 		if resp.ProtoMinor == 1 {
-			if len(te) != 1 || te[0] != "chunked" {
+			if te != 1 || h.Get("Transfer-Encoding") != "chunked" {
 				return false
 			}
 			chunked = true
 		}
+		h.Del("Transfer-Encoding")
 	}
 	length := int64(-1) // the Content-Length, -1 when absent
-	if cl, ok := h["Content-Length"]; ok {
-		if length, ok = parseContentLength(cl); !ok {
-			return false // repeated or malformed: net/http's
+	if has.has(keyContentLength) {
+		if h.Count("Content-Length") > 1 {
+			return false // repeated: net/http's
+		}
+		if length, ok = parseContentLength([]string{h.Get("Content-Length")}); !ok {
+			return false // malformed: net/http's
 		}
 	}
 
 	// shouldClose, as net/http: HTTP/1.0 closes unless kept alive; an
 	// HTTP/1.1 "Connection: close" closes and leaves the header.
-	conn := h["Connection"]
-	closing := httpguts.HeaderValuesContainsToken(conn, "close")
+	conn := has.has(keyConnection)
+	closing := conn && h.containsToken("Connection", "close")
 	if resp.ProtoMinor == 0 {
-		closing = closing || !httpguts.HeaderValuesContainsToken(conn, "keep-alive")
+		closing = closing || !(conn && h.containsToken("Connection", "keep-alive"))
 	} else if closing {
-		delete(h, "Connection")
+		h.Del("Connection")
 	}
 
 	head := req != nil && req.Method == http.MethodHead
@@ -152,7 +205,9 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	case head || status/100 == 1 || status == 204 || status == 304:
 		realLength = 0
 	case chunked:
-		delete(h, "Content-Length")
+		if has.has(keyContentLength) {
+			h.Del("Content-Length")
+		}
 		realLength = -1
 	}
 	resp.ContentLength = realLength
@@ -162,8 +217,8 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	if chunked {
 		r.te[0] = "chunked"
 		resp.TransferEncoding = r.te[:]
-		if _, ok := h["Trailer"]; ok {
-			if resp.Trailer, ok = parseTrailer(h); !ok {
+		if has.has(keyTrailer) {
+			if resp.Trailer, ok = parseTrailer(&h); !ok {
 				return false // a forbidden key: net/http's error
 			}
 		}
@@ -191,18 +246,17 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 
 	// As net/http: HTTP/1.0's "Pragma: no-cache" means "Cache-Control:
 	// no-cache" when the latter is absent.
-	if p := h["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
-		if _, ok := h["Cache-Control"]; !ok {
-			h["Cache-Control"] = []string{"no-cache"}
-		}
+	if has.has(keyPragma) && !has.has(keyCacheControl) && h.Get("Pragma") == "no-cache" {
+		h = append(h, Field{"Cache-Control", "no-cache"})
 	}
+	r.Header = h
 	return true
 }
 
 // parseStatusLine parses "HTTP/1.1 200 OK" into r: HTTP/1.1 or HTTP/1.0,
 // one space, three digits, and a reason phrase after a space, or none.
 func (r *answer) parseStatusLine(line string) bool {
-	resp := &r.Response
+	resp := &r.resp
 	proto, status, _ := strings.Cut(line, " ")
 	switch proto {
 	case "HTTP/1.1":
@@ -227,15 +281,16 @@ func (r *answer) parseStatusLine(line string) bool {
 	return true
 }
 
-// parseTrailer takes the Trailer header out of h and returns the keys it
-// announces, each with a nil value, as net/http's fixTrailer does; nil when
-// it announces none. ok is false when it announces a key that cannot be a
-// trailer.
-func parseTrailer(h http.Header) (trailer http.Header, ok bool) {
-	vv := h["Trailer"]
-	delete(h, "Trailer")
-	for _, v := range vv {
-		for _, k := range strings.Split(v, ",") {
+// parseTrailer takes the Trailer fields out of h and returns the keys they
+// announce, each with a nil value, as net/http's fixTrailer does; nil when
+// they announce none. ok is false when they announce a key that cannot be
+// a trailer.
+func parseTrailer(h *Fields) (trailer http.Header, ok bool) {
+	for _, f := range *h {
+		if f.Name != "Trailer" {
+			continue
+		}
+		for _, k := range strings.Split(f.Value, ",") {
 			if k = textproto.TrimString(k); k == "" {
 				continue
 			}
@@ -249,10 +304,11 @@ func parseTrailer(h http.Header) (trailer http.Header, ok bool) {
 			trailer[k] = nil
 		}
 	}
+	h.Del("Trailer")
 	return trailer, true
 }
 
-// Body is the body of an answer read by ReadResponse: a Content-Length's
+// Body is the body of an answer read by ReadAnswer: a Content-Length's
 // worth of bytes, a chunked body and its trailer, or the bytes up to the
 // close.
 type Body struct {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -62,10 +63,10 @@ var commonKeys = [...]string{
 	"Mcp-Method", "Mcp-Name", "Mcp-Protocol-Version", "Mcp-Session-Id", "Origin", "Pragma",
 	"Referer", "Sec-Fetch-Mode", "Traceparent", "Tracestate", "User-Agent",
 	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Request-Id",
-	"Transfer-Encoding", "Expect", "Upgrade",
+	"Transfer-Encoding", "Expect", "Upgrade", "Trailer",
 }
 
-// The indices of the common keys parseHead looks at.
+// The indices of the common keys parseHead and ReadAnswer look at.
 var (
 	keyCacheControl     = common("Cache-Control")
 	keyConnection       = common("Connection")
@@ -73,6 +74,7 @@ var (
 	keyExpect           = common("Expect")
 	keyHost             = common("Host")
 	keyPragma           = common("Pragma")
+	keyTrailer          = common("Trailer")
 	keyTransferEncoding = common("Transfer-Encoding")
 	keyUpgrade          = common("Upgrade")
 )
@@ -205,8 +207,8 @@ func (f *fieldSet) has(c int) bool { return f.seen&(1<<c) != 0 }
 // parseFields is ParseFields; with hostApart, the Host fields are not put
 // in the map, but told in the fieldSet.
 func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok bool) {
-	n := strings.Count(fields, "\n") - 1 // the blank line ends the fields
-	if n < 0 || n > maxHeaderLines {
+	sc, n, ok := scanFields(fields)
+	if !ok {
 		return nil, fieldSet{}, false
 	}
 	hint := n
@@ -218,29 +220,10 @@ func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok b
 	// seen once (almost every key) costs no slice allocation of its own.
 	values := make([]string, n)
 	for i := 0; ; i++ {
-		end := strings.IndexByte(fields, '\n')
-		if end < 1 || fields[end-1] != '\r' {
-			return nil, fieldSet{}, false // a bare LF, or no line end
+		key, c, v, more := sc.next()
+		if !more {
+			return h, f, sc.ok
 		}
-		line := fields[:end-1]
-		fields = fields[end+1:]
-		if line == "" {
-			return h, f, true
-		}
-		if i == n {
-			return nil, fieldSet{}, false // the last line end, and no blank line
-		}
-		k, v, found := strings.Cut(line, ":")
-		if !found || !httpguts.ValidHeaderFieldName(k) {
-			return nil, fieldSet{}, false
-		}
-		v = trimOWS(v)
-		if !httpguts.ValidHeaderFieldValue(v) {
-			return nil, fieldSet{}, false
-		}
-		// A common key seen for the first time is known to be new
-		// without a look-up in h.
-		key, c := canonicalKey(k)
 		if c == keyHost && hostApart {
 			if f.hosts++; f.hosts == 1 {
 				f.host = v
@@ -248,6 +231,8 @@ func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok b
 			f.seen |= 1 << c
 			continue
 		}
+		// A common key seen for the first time is known to be new
+		// without a look-up in h.
 		if c >= 0 && !f.has(c) {
 			f.seen |= 1 << c
 		} else if vv := h[key]; vv != nil {
@@ -257,6 +242,77 @@ func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok b
 		values[i] = v
 		h[key] = values[i : i+1 : i+1]
 	}
+}
+
+// appendFields parses fields as ParseFields does, into a list: their
+// fields are appended to dst, which is given room for all of them. The
+// fieldSet tells the common keys present (not Host apart).
+func appendFields(dst Fields, fields string) (Fields, fieldSet, bool) {
+	sc, n, ok := scanFields(fields)
+	if !ok {
+		return nil, fieldSet{}, false
+	}
+	dst = slices.Grow(dst, n)
+	var f fieldSet
+	for {
+		key, c, v, more := sc.next()
+		if !more {
+			return dst, f, sc.ok
+		}
+		if c >= 0 {
+			f.seen |= 1 << c
+		}
+		dst = append(dst, Field{key, v})
+	}
+}
+
+// fieldScanner reads header fields one line at a time, with ParseFields's
+// rules.
+type fieldScanner struct {
+	rest  string // the lines not read yet
+	lines int    // the field lines rest can still hold
+	ok    bool   // the fields ended with the blank line, all well-formed
+}
+
+// scanFields returns a scanner of fields, and the number of field lines
+// they can hold (their line ends but the blank line's); ok is false past
+// maxHeaderLines.
+func scanFields(fields string) (sc fieldScanner, n int, ok bool) {
+	n = strings.Count(fields, "\n") - 1 // the blank line ends the fields
+	if n < 0 || n > maxHeaderLines {
+		return fieldScanner{}, 0, false
+	}
+	return fieldScanner{rest: fields, lines: n}, n, true
+}
+
+// next returns the next field: its canonical key, the key's index in
+// commonKeys (or -1), and its value, trimmed. more is false at the blank
+// line that ends the fields, or at a malformed line; sc.ok tells which.
+func (sc *fieldScanner) next() (key string, c int, v string, more bool) {
+	end := strings.IndexByte(sc.rest, '\n')
+	if end < 1 || sc.rest[end-1] != '\r' {
+		return "", -1, "", false // a bare LF, or no line end
+	}
+	line := sc.rest[:end-1]
+	sc.rest = sc.rest[end+1:]
+	if line == "" {
+		sc.ok = true
+		return "", -1, "", false
+	}
+	if sc.lines == 0 {
+		return "", -1, "", false // the last line end, and no blank line
+	}
+	sc.lines--
+	k, v, found := strings.Cut(line, ":")
+	if !found || !httpguts.ValidHeaderFieldName(k) {
+		return "", -1, "", false
+	}
+	v = trimOWS(v)
+	if !httpguts.ValidHeaderFieldValue(v) {
+		return "", -1, "", false
+	}
+	key, c = canonicalKey(k)
+	return key, c, v, true
 }
 
 // trimOWS trims the spaces and tabs around a field value (RFC 9110 §5.5).

@@ -47,6 +47,10 @@ type response struct {
 	c      *conn
 	req    *http.Request
 	header http.Header
+	// fields are adopted fields (AdoptFields), rendered after header's.
+	// Header merges them into header: with fields set, header holds only
+	// what the handler set before it adopted them.
+	fields Fields
 	o      *out
 
 	status        int
@@ -87,30 +91,33 @@ func (w *response) buffers() *out {
 	return w.o
 }
 
-func (w *response) Header() http.Header { return w.header }
+// Header returns the response's header map; fields adopted before are
+// moved into it first (each value after those the map has), so that it
+// holds the whole header, as net/http's does.
+func (w *response) Header() http.Header {
+	if w.fields != nil {
+		w.fields.AddTo(w.header)
+		w.fields = nil
+	}
+	return w.header
+}
 
-// AdoptHeader makes h the response's header map, so that a proxy hands
-// over the header of a backend's answer instead of copying it, field by
-// field, into Header. What the handler has set already is kept, its values
-// ahead of h's, as if h's had been added to it. From then on h is the
-// response's header (Header returns it): a change to it is a change to the
-// answer, so the caller gives it up for anything else. It reports false,
-// and changes nothing, once the head is set (WriteHeader): the header is
-// read then. (net/http's ResponseWriter offers no such thing; a proxy
-// copies into its Header.)
-func (w *response) AdoptHeader(h http.Header) bool {
-	if w.wroteHeader || h == nil {
+// AdoptFields makes f the response's header fields, so that a proxy hands
+// over the header of a backend's answer (ReadAnswer's) without building a
+// map of it: they are rendered as they are, after what the handler has
+// set in Header, as if each had been added to it. From then on f is the
+// response's: the caller gives it up. Header still returns the whole
+// header, at the cost of the map f is merged into: a proxy that adopts
+// fields leaves Header alone unless it has something to add (trailers).
+// It reports false, and changes nothing, once the head is set
+// (WriteHeader): the header is read then. (net/http's ResponseWriter
+// offers no such thing; a proxy copies into its Header.)
+func (w *response) AdoptFields(f Fields) bool {
+	if w.wroteHeader {
 		return false
 	}
-	for k, vv := range w.header {
-		if hv, ok := h[k]; ok {
-			// A new array: the handler's may be shared.
-			h[k] = append(vv[:len(vv):len(vv)], hv...)
-		} else {
-			h[k] = vv
-		}
-	}
-	w.header = h
+	w.Header() // fields adopted before are the map's
+	w.fields = f
 	return true
 }
 
@@ -132,44 +139,84 @@ func (w *response) WriteHeader(code int) {
 	o.head = w.renderHeader(o.head[:0])
 }
 
-// renderHeader appends the header lines of the handler's map to b, and
-// notes what the head's framing depends on.
+// renderHeader appends the header lines to b, the map's and then the
+// adopted fields', and notes what the head's framing depends on.
 func (w *response) renderHeader(b []byte) []byte {
+	keepLength := w.noteContentLength()
 	for k, vv := range w.header {
-		switch {
-		case strings.HasPrefix(k, http.TrailerPrefix), !httpguts.ValidHeaderFieldName(k):
-			continue
-		case k == "Transfer-Encoding":
-			continue // the framing is this writer's
-		case k == "Content-Length":
-			if len(vv) == 0 {
-				continue
+		if w.noteField(k, vv, keepLength) {
+			for _, v := range vv {
+				b = appendHeaderLine(b, k, v)
 			}
-			cl, err := strconv.ParseInt(strings.TrimSpace(vv[0]), 10, 64)
-			if err != nil || cl < 0 {
-				w.c.srv.logf("http: invalid Content-Length of %q", vv[0])
-				continue
-			}
-			if !bodyAllowed(w.status) && w.status != http.StatusNotModified {
-				continue
-			}
-			w.contentLength = cl
-		case k == "Date":
-			w.hasDate = true
-		case k == "Content-Type":
-			w.hasType = true
-		case k == "Connection":
-			if httpguts.HeaderValuesContainsToken(vv, "close") {
-				w.closeAfter, w.headerClose = true, true
-			}
-		case k == "Trailer":
-			w.trailer = strings.Join(vv, ",")
 		}
-		for _, v := range vv {
-			b = appendHeaderLine(b, k, v)
+	}
+	for _, f := range w.fields {
+		if w.noteField(f.Name, []string{f.Value}, keepLength) {
+			b = appendHeaderLine(b, f.Name, f.Value)
 		}
 	}
 	return b
+}
+
+// noteContentLength notes the header's Content-Length, its first value,
+// and reports whether its fields are to be written: not when it is
+// invalid, nor when the status allows no body (but a 304's).
+func (w *response) noteContentLength() (keep bool) {
+	v, ok := "", false
+	if vv := w.header["Content-Length"]; len(vv) > 0 {
+		v, ok = vv[0], true
+	} else {
+		for _, f := range w.fields {
+			if f.Name == "Content-Length" {
+				v, ok = f.Value, true
+				break
+			}
+		}
+	}
+	if !ok {
+		return false
+	}
+	cl, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || cl < 0 {
+		w.c.srv.logf("http: invalid Content-Length of %q", v)
+		return false
+	}
+	if !bodyAllowed(w.status) && w.status != http.StatusNotModified {
+		return false
+	}
+	w.contentLength = cl
+	return true
+}
+
+// noteField notes what the head's framing depends on in the values vv of
+// the field k (all the map's, or one field's), and reports whether they
+// are written: the framing fields are this writer's, and keepLength says
+// whether Content-Length is.
+func (w *response) noteField(k string, vv []string, keepLength bool) bool {
+	switch {
+	case strings.HasPrefix(k, http.TrailerPrefix), !httpguts.ValidHeaderFieldName(k):
+		return false
+	case k == "Transfer-Encoding":
+		return false // the framing is this writer's
+	case k == "Content-Length":
+		return keepLength
+	case k == "Date":
+		w.hasDate = true
+	case k == "Content-Type":
+		w.hasType = true
+	case k == "Connection":
+		if httpguts.HeaderValuesContainsToken(vv, "close") {
+			w.closeAfter, w.headerClose = true, true
+		}
+	case k == "Trailer":
+		for _, v := range vv {
+			if w.trailer != "" {
+				w.trailer += ","
+			}
+			w.trailer += v
+		}
+	}
+	return true
 }
 
 // appendHeaderLine appends "k: v\r\n", with v's line breaks made spaces
@@ -205,6 +252,11 @@ func (w *response) writeInterim(code int) {
 			for _, v := range vv {
 				b = appendHeaderLine(b, k, v)
 			}
+		}
+	}
+	for _, f := range w.fields {
+		if httpguts.ValidHeaderFieldName(f.Name) && !strings.HasPrefix(f.Name, http.TrailerPrefix) {
+			b = appendHeaderLine(b, f.Name, f.Value)
 		}
 	}
 	b = append(b, "\r\n"...)
@@ -341,6 +393,11 @@ func (w *response) hasTrailers() bool {
 			return true
 		}
 	}
+	for _, f := range w.fields {
+		if strings.HasPrefix(f.Name, http.TrailerPrefix) {
+			return true
+		}
+	}
 	return false
 }
 
@@ -390,6 +447,9 @@ func (w *response) finish() {
 // appendTrailers appends the trailer lines: the names declared in the
 // Trailer header, and the keys under http.TrailerPrefix.
 func (w *response) appendTrailers(b []byte) []byte {
+	if w.fields != nil && w.hasTrailers() {
+		w.Header() // the fields' values too: rare enough for a map
+	}
 	for name := range strings.SplitSeq(w.trailer, ",") {
 		name = http.CanonicalHeaderKey(strings.TrimSpace(name))
 		if name == "" {

@@ -1,5 +1,5 @@
 // Package h1 is tether's HTTP/1.1 on both sides: Server serves the
-// client side of tether's connections, ReadResponse reads the answers of
+// client side of tether's connections, ReadAnswer reads the answers of
 // backends for tether's own client (internal/proxy).
 //
 // net/http's server costs a proxy more than the proxy's own work: a second

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/proxy"
 )
@@ -116,22 +117,28 @@ func (c cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 type discardWriter struct {
-	h     http.Header
-	adopt bool // AdoptHeader takes a header over, as h1's writer does
+	h      http.Header
+	adopt  bool // AdoptFields takes fields over, as h1's writer does
+	fields h1.Fields
 }
 
-func (d *discardWriter) Header() http.Header         { return d.h }
+// Header merges adopted fields into the map, as h1's writer does: a
+// Header call after the adoption costs what it costs there.
+func (d *discardWriter) Header() http.Header {
+	d.fields.AddTo(d.h)
+	d.fields = nil
+	return d.h
+}
+
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 
-func (d *discardWriter) AdoptHeader(h http.Header) bool {
-	if !d.adopt || h == nil {
+func (d *discardWriter) AdoptFields(f h1.Fields) bool {
+	if !d.adopt {
 		return false
 	}
-	for k, vv := range d.h {
-		h[k] = append(vv[:len(vv):len(vv)], h[k]...)
-	}
-	d.h = h
+	d.Header()
+	d.fields = f
 	return true
 }
 

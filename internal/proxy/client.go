@@ -39,11 +39,11 @@ const (
 // request: two goroutines per connection (readLoop and writeLoop) that the
 // caller hands each request and each answer to over channels, a futex
 // wake-up on another thread each time. Answers are read by
-// h1.ReadResponse: http.ReadResponse's result, without its textproto
-// allocations, and a body read with none. Nothing here reads an idle
-// connection, so the backend's FIN on an idle connection is seen by
-// peeking at the socket before the request is written (stateProbe), where
-// net/http's readLoop would have noticed it.
+// h1.ReadAnswer: http.ReadResponse's result, without its textproto
+// allocations or a header map, and a body read with none. Nothing here
+// reads an idle connection, so the backend's FIN on an idle connection is
+// seen by peeking at the socket before the request is written
+// (stateProbe), where net/http's readLoop would have noticed it.
 //
 // The retry rules are net/http's, plus tether's own:
 //   - a pooled connection the backend has left (FIN, reset, unsolicited
@@ -162,12 +162,17 @@ func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
 		again.Body = http.NoBody
 		req = &again
 	}
-	return c.send(ctx, dialAddr(req.URL.Host), request{req: req})
+	a, err := c.send(ctx, dialAddr(req.URL.Host), request{req: req})
+	if err != nil {
+		return nil, err
+	}
+	return a.HTTPResponse(), nil
 }
 
 // forward sends a direct request (direct.go): RoundTrip and retryUnread
-// for a request that tether's client writes from the client's.
-func (c *client) forward(d *directRequest) (*http.Response, error) {
+// for a request that tether's client writes from the client's. The
+// answer's header is the list of fields it came with: no map is built.
+func (c *client) forward(d *directRequest) (*h1.Answer, error) {
 	ctx := d.r.Context()
 	resp, err := c.send(ctx, d.addr, request{direct: d})
 	for range maxUnreadRetries {
@@ -241,7 +246,7 @@ func (r request) closeBody() {
 
 // send makes attempts on pooled or new connections to addr until one
 // gets an answer or fails in a way the backend may have seen.
-func (c *client) send(ctx context.Context, addr string, r request) (*http.Response, error) {
+func (c *client) send(ctx context.Context, addr string, r request) (*h1.Answer, error) {
 	for {
 		resp, pc, err := c.roundTrip(ctx, addr, r)
 		if err == nil {
@@ -282,7 +287,7 @@ func (c *client) retryable(pc *clientConn, r request, err error) bool {
 
 // roundTrip makes one attempt on one connection. pc is the connection the
 // request was written into, nil when none could be had.
-func (c *client) roundTrip(ctx context.Context, addr string, r request) (*http.Response, *clientConn, error) {
+func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Answer, *clientConn, error) {
 	pc, err := c.conn(ctx, addr)
 	if err != nil {
 		r.closeBody()
@@ -305,7 +310,7 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*http.R
 		pc.close()
 		return nil, pc, err
 	}
-	var resp *http.Response
+	var resp *h1.Answer
 	for range max1xxResponses + 1 {
 		resp, err = pc.readResponse(req)
 		if err != nil || resp.StatusCode >= 200 || resp.StatusCode < 100 || resp.StatusCode == http.StatusSwitchingProtocols {
@@ -338,9 +343,9 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*http.R
 
 // readResponse reads the head of an answer to req, within
 // maxResponseHeadBytes; the body is read as the caller reads it.
-func (pc *clientConn) readResponse(req *http.Request) (*http.Response, error) {
+func (pc *clientConn) readResponse(req *http.Request) (*h1.Answer, error) {
 	pc.readLimit = maxResponseHeadBytes
-	resp, err := h1.ReadResponse(pc.br, req)
+	resp, err := h1.ReadAnswer(pc.br, req)
 	pc.readLimit = math.MaxInt64
 	return resp, err
 }
@@ -353,7 +358,7 @@ const earlyAnswerWait = 50 * time.Millisecond
 // reading the request (a 413 for a body it will not take, then a close
 // that failed the write), so that the client gets that answer rather than
 // a 502. The connection is not reused after it.
-func (pc *clientConn) earlyAnswer(req *http.Request) *http.Response {
+func (pc *clientConn) earlyAnswer(req *http.Request) *h1.Answer {
 	if pc.written == 0 || pc.aborted.Load() {
 		return nil
 	}

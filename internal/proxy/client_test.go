@@ -485,7 +485,7 @@ func TestClientResendsDirectRequest(t *testing.T) {
 			if err != nil {
 				return seenSoFar(), err
 			}
-			if body := readAll(t, resp); body != "ok" {
+			if body := readAll(t, resp.Response); body != "ok" {
 				t.Fatalf("request %d: body %q", i, body)
 			}
 		}

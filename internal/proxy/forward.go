@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
 
@@ -39,7 +41,7 @@ type outcome struct {
 	// resp is the backend's answer, for the client, when the attempt
 	// succeeded (retry and err empty). Its headers are already rewritten
 	// for the client.
-	resp *http.Response
+	resp *h1.Answer
 }
 
 // forwardOnce makes one attempt and gives its result to the client, unless
@@ -75,14 +77,19 @@ func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange)
 // step) and x.newSID.
 func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 	var out sentRequest
-	var resp *http.Response
+	var resp *h1.Answer
 	var err error
 	if d := p.directRequest(r, x); d != nil {
 		out.direct = d
 		resp, err = p.direct.forward(d)
 	} else {
 		out.req = p.outgoingRequest(r, x)
-		resp, err = p.transport.RoundTrip(out.req)
+		var std *http.Response
+		if std, err = p.transport.RoundTrip(out.req); err == nil {
+			// The header as fields, like tether's client's answers: one
+			// way to read and relay answers.
+			resp = h1.AnswerOf(std)
+		}
 	}
 	if err != nil {
 		if isDialError(err) {
@@ -92,7 +99,7 @@ func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 		}
 		return outcome{err: err}
 	}
-	removeHopByHopHeaders(resp.Header)
+	removeHopByHopFields(&resp.Header)
 	if o := p.record(r, x, out, resp); o.retry != "" || o.err != nil {
 		resp.Body.Close()
 		return o
@@ -276,6 +283,20 @@ var hopHeaders = []string{
 	"Upgrade",
 }
 
+// removeHopByHopFields is removeHopByHopHeaders for an answer's fields.
+func removeHopByHopFields(f *h1.Fields) {
+	if f.Has("Connection") {
+		for _, v := range f.Values("Connection") { // a copy: Del changes f
+			for sf := range strings.SplitSeq(v, ",") {
+				if sf = textproto.TrimString(sf); sf != "" {
+					f.Del(sf)
+				}
+			}
+		}
+	}
+	*f = slices.DeleteFunc(*f, func(fl h1.Field) bool { return isHopHeader(fl.Name) })
+}
+
 // removeHopByHopHeaders removes the headers a Connection header names, then
 // the hop-by-hop ones.
 func removeHopByHopHeaders(h http.Header) {
@@ -383,10 +404,10 @@ func isHex(c byte) bool {
 // record is the record step: it runs after the backend answered and before
 // anything reaches the client. It returns a retry reason when the attempt
 // is safe to repeat, an error when the answer must not reach the client.
-func (p *Proxy) record(r *http.Request, x *exchange, out sentRequest, resp *http.Response) outcome {
+func (p *Proxy) record(r *http.Request, x *exchange, out sentRequest, resp *h1.Answer) outcome {
 	ctx := r.Context()
 	ep := x.ep
-	if len(resp.Header[headerSessionID]) > 1 {
+	if resp.Header.Count(headerSessionID) > 1 {
 		// Which one would the client keep? Clients fail a session whose id
 		// changes, and a record keyed by the wrong one strands the session.
 		return outcome{err: errDuplicateSID}
@@ -457,7 +478,7 @@ func (p *Proxy) record(r *http.Request, x *exchange, out sentRequest, resp *http
 		if x.class.Kind == kindDelete && (resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusNotFound) {
 			p.endSession(ctx, x.rec)
 		}
-		if x.rec.Reinits > 0 && isEventStream(resp) {
+		if x.rec.Reinits > 0 && isEventStream(resp.Header.Get("Content-Type")) {
 			resp.Body = newEventIDTagger(resp.Body, x.rec.Reinits)
 			// Tagging lengthens the body: its length is no longer known.
 			resp.ContentLength = -1
@@ -508,20 +529,14 @@ func (p *Proxy) answerFailure(w http.ResponseWriter, r *http.Request, x *exchang
 // arrives. A body that fails midway aborts the response
 // (panic(http.ErrAbortHandler)), so the client sees it cut off rather than
 // complete.
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp *http.Response) {
-	if !adoptHeader(w, resp.Header) {
-		h := w.Header()
-		for k, vv := range resp.Header {
-			// The backend's value lists become the client's: the response
-			// is tether's alone, and nobody writes into a header's values.
-			if prev, ok := h[k]; ok {
-				h[k] = append(prev, vv...)
-			} else {
-				h[k] = vv
-			}
-		}
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp *h1.Answer) {
+	if !adoptFields(w, resp.Header) {
+		resp.Header.AddTo(w.Header())
 	}
-	h := w.Header()
+	// From here on w.Header() is asked for only when there are trailers:
+	// h1's writer renders adopted fields without a map, and builds one
+	// when asked for the header.
+	//
 	// The transport takes the Trailer header into resp.Trailer: announce
 	// the trailers again.
 	announced := len(resp.Trailer)
@@ -530,15 +545,15 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		for k := range resp.Trailer {
 			keys = append(keys, k)
 		}
-		h.Add("Trailer", strings.Join(keys, ", "))
+		w.Header().Add("Trailer", strings.Join(keys, ", "))
 	}
 	w.WriteHeader(resp.StatusCode)
 
 	mode := flushNever
 	switch {
-	case isEventStream(resp):
+	case isEventStream(resp.Header.Get("Content-Type")):
 		mode = flushEvents
-	case isStreaming(resp):
+	case resp.ContentLength == -1:
 		mode = flushReads
 	}
 	pool := &copyBuffers
@@ -575,10 +590,12 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	resp.Body.Close() // now, to populate resp.Trailer
 
-	if len(resp.Trailer) > 0 {
-		// Chunked, even if short: a Content-Length answer has no trailers.
-		flush(w)
+	if len(resp.Trailer) == 0 {
+		return
 	}
+	// Chunked, even if short: a Content-Length answer has no trailers.
+	flush(w)
+	h := w.Header()
 	if len(resp.Trailer) == announced {
 		for k, vv := range resp.Trailer {
 			for _, v := range vv {
@@ -595,23 +612,23 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 }
 
-// headerAdopter is a ResponseWriter that takes a header map over as its
-// own (h1's).
-type headerAdopter interface {
-	AdoptHeader(http.Header) bool
+// fieldsAdopter is a ResponseWriter that takes a header's fields over as
+// its own (h1's).
+type fieldsAdopter interface {
+	AdoptFields(h1.Fields) bool
 }
 
-// adoptHeader makes the backend's header h the client's answer's, without
-// a copy, when w is h1's writer (behind the exchange's status recorder;
-// another wrapper may keep a header map of its own). It reports false when
-// h is to be copied into w.Header() instead: net/http's writer (a request
-// h1 handed off, h2c).
-func adoptHeader(w http.ResponseWriter, h http.Header) bool {
+// adoptFields makes the backend's header fields f the client's answer's,
+// without a copy, when w is h1's writer (behind the exchange's status
+// recorder; another wrapper may keep a header map of its own). It reports
+// false when f is to be copied into w.Header() instead: net/http's writer
+// (a request h1 handed off, h2c).
+func adoptFields(w http.ResponseWriter, f h1.Fields) bool {
 	if sr, ok := w.(*statusRecorder); ok {
 		w = sr.ResponseWriter
 	}
-	a, ok := w.(headerAdopter)
-	return ok && a.AdoptHeader(h)
+	a, ok := w.(fieldsAdopter)
+	return ok && a.AdoptFields(f)
 }
 
 // When a response is flushed to the client while its body is copied.

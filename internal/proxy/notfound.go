@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // maxNotFoundBody bounds what tether reads of a backend's 404 to tell "the
@@ -18,8 +19,8 @@ const maxNotFoundBody = 64 << 10
 // session and reports whether the 404 is about the session. When it is not,
 // resp.Body is replaced by one that yields the whole original body, so the
 // client gets the answer unchanged.
-func (p *Proxy) sessionLost(resp *http.Response) (bool, error) {
-	if isEventStream(resp) {
+func (p *Proxy) sessionLost(resp *h1.Answer) (bool, error) {
+	if isEventStream(resp.Header.Get("Content-Type")) {
 		// A stream is an answer to the request; no server streams its
 		// "session not found".
 		return false, nil

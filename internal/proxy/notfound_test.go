@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 func TestNotFoundIsAboutSession(t *testing.T) {
@@ -43,8 +45,8 @@ func TestSessionLostKeepsTheAnswer(t *testing.T) {
 		`{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"no such method"}}`,
 		`{"jsonrpc":"2.0","id":5,"error":{"code":-32601,"message":"` + strings.Repeat("x", maxNotFoundBody) + `"}}`,
 	} {
-		resp := &http.Response{StatusCode: http.StatusNotFound, Header: http.Header{"Content-Type": {"application/json"}},
-			Body: io.NopCloser(strings.NewReader(body))}
+		resp := h1.AnswerOf(&http.Response{StatusCode: http.StatusNotFound, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(strings.NewReader(body))})
 		lost, err := p.sessionLost(resp)
 		if err != nil || lost {
 			t.Fatalf("%d-byte answer: lost %v, err %v", len(body), lost, err)

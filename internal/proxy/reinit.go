@@ -364,7 +364,7 @@ func singleJoiningSlash(a, b string) string {
 // returns the negotiated protocol version.
 func readInitializeResult(resp *http.Response) (string, error) {
 	body := io.LimitReader(resp.Body, maxInitializeResponse)
-	if !isEventStream(resp) {
+	if !isEventStream(resp.Header.Get("Content-Type")) {
 		data, err := io.ReadAll(body)
 		if err != nil {
 			return "", fmt.Errorf("read initialize answer: %w", err)

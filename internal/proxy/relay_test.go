@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -257,5 +260,122 @@ func TestAnswerHeadersAndTrailersRelayed(t *testing.T) {
 	}
 	if got := resp.Trailer.Get("X-Late"); got != "unannounced" {
 		t.Errorf("unannounced trailer X-Late %q", got)
+	}
+}
+
+// opaqueTransport hides tether's own client from the proxy: the answers
+// come through RoundTrip, as an *http.Response with a header map, as any
+// other transport's would.
+type opaqueTransport struct{ http.RoundTripper }
+
+// An answer's header reaches the client the same whichever way it went:
+// read by tether's client as fields and adopted by h1's writer, read into
+// a map by another transport, or copied into net/http's writer. On every
+// way the hop-by-hop fields stop at tether, the others pass in order, the
+// session id is the client's after the session moved to a new backend
+// session, and two session ids are refused.
+func TestAnswerHeaderAlikeOnEveryPath(t *testing.T) {
+	const result = `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}`
+	var minted atomic.Int32
+	var known sync.Map // the backend's live session ids
+	backend := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		h := w.Header()
+		switch {
+		case strings.Contains(string(body), `"method":"initialize"`):
+			sid := fmt.Sprintf("backend-%d", minted.Add(1))
+			known.Store(sid, true)
+			h.Set("Mcp-Session-Id", sid)
+			h.Set("Content-Type", "application/json")
+			io.WriteString(w, result)
+			return
+		case strings.Contains(string(body), `"method":"notifications/initialized"`):
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		sid := r.Header.Get("Mcp-Session-Id")
+		if _, ok := known.Load(sid); !ok {
+			http.Error(w, "session not found", http.StatusNotFound)
+			return
+		}
+		h.Set("Content-Type", "application/json")
+		h.Set("Mcp-Session-Id", sid)
+		h.Set("Connection", "X-Hop")
+		h.Set("X-Hop", "must not pass")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("Proxy-Authenticate", "Basic")
+		h.Add("X-Kept", "a")
+		h.Set("X-Other", "o")
+		h.Add("X-Kept", "b")
+		if strings.Contains(string(body), "twice") {
+			h.Add("Mcp-Session-Id", "another")
+		}
+		io.WriteString(w, result)
+	}))
+
+	type seen struct {
+		Moved     http.Header // a follow-up's answer after the session moved
+		Refused   int         // the status of an answer with two session ids
+		RefusedID []string
+	}
+	ctx := testContext(t)
+	run := func(t *testing.T, opaque, netHTTPFront bool) seen {
+		t.Helper()
+		o := harnessOptions{}
+		if opaque {
+			o.transport = opaqueTransport{proxy.NewTransport(false)}
+		}
+		h := newTether(t, []string{backend.URL}, o)
+		url := h.endpoint()
+		if netHTTPFront {
+			url = testkit.StartServer(t, h.proxy).URL + "/mcp"
+		}
+		client := &http.Client{}
+		status, hdr, _, err := mcpPost(ctx, client, url, "", initializeBody)
+		sid := hdr.Get("Mcp-Session-Id")
+		if err != nil || status != http.StatusOK || sid == "" {
+			t.Fatalf("initialize: %d %v %v", status, hdr, err)
+		}
+		known.Delete(sid) // the backend lost it: tether re-initializes
+		status, moved, _, err := mcpPost(ctx, client, url, sid, whoamiBody)
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("follow-up after the backend lost the session: %d %v", status, err)
+		}
+		delete(moved, "Date")
+		status, refused, _, err := mcpPost(ctx, client, url, sid, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"twice","arguments":{}}}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seen{Moved: moved, Refused: status, RefusedID: refused.Values("Mcp-Session-Id")}
+	}
+
+	want := seen{
+		Moved: http.Header{
+			"Content-Type":   {"application/json"},
+			"Content-Length": {fmt.Sprint(len(result))},
+			"X-Kept":         {"a", "b"},
+			"X-Other":        {"o"},
+		},
+		Refused: http.StatusBadGateway,
+	}
+	for _, tc := range []struct {
+		name                 string
+		opaque, netHTTPFront bool
+	}{
+		{"fields adopted by h1", false, false},
+		{"map of another transport", true, false},
+		{"fields into net/http's writer", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first := minted.Load() + 1 // the id the client keeps
+			want.Moved["Mcp-Session-Id"] = []string{fmt.Sprintf("backend-%d", first)}
+			got := run(t, tc.opaque, tc.netHTTPFront)
+			if minted.Load() != first+1 {
+				t.Fatalf("backend minted %d session ids, want 2: the session did not move", minted.Load()-first+1)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("client saw\n%+v\nwant\n%+v", got, want)
+			}
+		})
 	}
 }

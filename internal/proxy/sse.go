@@ -5,15 +5,14 @@ import (
 	"bytes"
 	"io"
 	"mime"
-	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 )
 
-// isEventStream reports whether resp is a Server-Sent Events stream.
-func isEventStream(resp *http.Response) bool {
-	ct := resp.Header.Get("Content-Type")
+// isEventStream reports whether an answer of Content-Type ct is a
+// Server-Sent Events stream.
+func isEventStream(ct string) bool {
 	if ct == "" {
 		return false
 	}
@@ -24,13 +23,6 @@ func isEventStream(resp *http.Response) bool {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "text/event-stream"
-}
-
-// isStreaming reports whether a response is relayed as it arrives rather
-// than buffered: an SSE stream (flushed at each event boundary), or a body
-// of no declared length (flushed after each read). See relay.
-func isStreaming(resp *http.Response) bool {
-	return isEventStream(resp) || resp.ContentLength == -1
 }
 
 // Event ids are tagged with the session's re-initialization generation once

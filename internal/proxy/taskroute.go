@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
 
@@ -89,7 +90,7 @@ func declaresTasks(params []byte) bool {
 // watchTaskCreation is the record step's part for tasks: it wraps the
 // answer to a request that may create a task so that the task's record is
 // stored before its id reaches the client.
-func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out sentRequest, resp *http.Response) {
+func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out sentRequest, resp *h1.Answer) {
 	if p.tasks == nil || x.class.Era != eraModern || x.class.Kind != kindRequest ||
 		!taskAugmentable(x.class.Method) || resp.StatusCode != http.StatusOK || !declaresTasks(x.class.Params) {
 		return
@@ -97,7 +98,7 @@ func (p *Proxy) watchTaskCreation(r *http.Request, x *exchange, out sentRequest,
 	ep := x.ep
 	principal := p.principal.digest(out.header())
 	ctx := r.Context()
-	resp.Body = watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) {
+	resp.Body = watchTasks(resp.Body, isEventStream(resp.Header.Get("Content-Type")), func(tc taskCreation) {
 		wctx, cancel := context.WithTimeout(ctx, taskRecordTimeout)
 		defer cancel()
 		err := p.tasks.PutTask(wctx, session.TaskRecord{

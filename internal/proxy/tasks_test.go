@@ -240,11 +240,11 @@ func TestWatchTasksReferenceBackend(t *testing.T) {
 		srv := httptest.NewServer(backend)
 		t.Cleanup(srv.Close)
 		resp := postToolsCall(t, srv.URL)
-		if isEventStream(resp) != sse {
+		if isEventStream(resp.Header.Get("Content-Type")) != sse {
 			t.Fatalf("SSE %v: Content-Type %q", sse, resp.Header.Get("Content-Type"))
 		}
 		var calls []taskCreation
-		w := watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) { calls = append(calls, tc) })
+		w := watchTasks(resp.Body, isEventStream(resp.Header.Get("Content-Type")), func(tc taskCreation) { calls = append(calls, tc) })
 		if _, err := io.Copy(io.Discard, w); err != nil {
 			t.Fatal(err)
 		}
@@ -295,7 +295,7 @@ func TestTaskRecordsAcrossReplicas(t *testing.T) {
 		resp := postToolsCall(t, b.URL())
 		var putErr error
 		recorded := false
-		body := watchTasks(resp.Body, isEventStream(resp), func(tc taskCreation) {
+		body := watchTasks(resp.Body, isEventStream(resp.Header.Get("Content-Type")), func(tc taskCreation) {
 			recorded = true
 			putErr = creator.PutTask(ctx, session.TaskRecord{TaskID: tc.ID, BackendID: "pod-" + b.Name(), BackendURL: b.URL(), Principal: principal, TTL: tc.TTL})
 		})
