@@ -105,6 +105,9 @@ type Balancer struct {
 
 	current atomic.Pointer[generation] // never nil
 	ready   atomic.Bool                // set by the first Update
+	// ejections wakes Run, resting while no endpoint is ejected (capacity
+	// 1: one wake-up stands for any number of ejections).
+	ejections chan struct{}
 
 	mu sync.Mutex
 }
@@ -148,6 +151,7 @@ func New(opts Options) *Balancer {
 		logger:        opts.Logger,
 		onUpdate:      opts.OnUpdate,
 		listenWeight:  int64(math.Round(max(opts.ListenStreamWeight, 0) * 1000)),
+		ejections:     make(chan struct{}, 1),
 	}
 	if b.now == nil {
 		b.now = time.Now

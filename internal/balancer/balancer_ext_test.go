@@ -383,6 +383,56 @@ func TestConcurrentPicksDuringUpdates(t *testing.T) {
 	}
 }
 
+// TestRunRestsWithNothingEjected: Run does nothing, not even a look at the
+// clock, while no endpoint is ejected; an ejection wakes it, and once the
+// endpoint is readmitted it rests again.
+func TestRunRestsWithNothingEjected(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var clockReads atomic.Int64
+		b := balancer.New(balancer.Options{
+			Picker:        mustPicker(t, "p2c", nil),
+			ProbeInterval: 100 * time.Millisecond,
+			EjectBase:     time.Second,
+			Now: func() time.Time {
+				clockReads.Add(1) // every probe round reads it
+				return time.Now()
+			},
+			Probe: func(context.Context, *balancer.Endpoint) error { return nil },
+		})
+		b.Update(snapshot(ready("a", "b")...))
+		a := lookup(t, b, "a")
+
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			b.Run(ctx)
+			close(done)
+		}()
+		defer func() { // also after a t.Fatal: the bubble ends with Run
+			cancel()
+			<-done
+		}()
+		resting := func(when string) {
+			t.Helper()
+			before := clockReads.Load()
+			time.Sleep(10 * time.Second)
+			synctest.Wait()
+			if n := clockReads.Load() - before; n != 0 {
+				t.Errorf("%s: Run read the clock %d times in 10 s with nothing ejected; want it resting", when, n)
+			}
+		}
+		resting("from the start")
+
+		b.Eject(a, errDial)
+		time.Sleep(1500 * time.Millisecond) // the backoff, then a probe round
+		synctest.Wait()
+		if a.Ejected() {
+			t.Fatal("a still ejected: Run did not wake for the ejection")
+		}
+		resting("after the readmission")
+	})
+}
+
 // TestRunProbesAndReadmits drives the real Run loop on synctest's fake clock,
 // so the test depends on no real timing.
 func TestRunProbesAndReadmits(t *testing.T) {

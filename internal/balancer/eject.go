@@ -49,6 +49,10 @@ func (b *Balancer) ejectLocked(e *Endpoint, cause error) {
 	e.ejectedUntil = b.now().Add(backoff)
 	e.ejected.Store(true)
 	e.departLocked() // a failed dial: its streams re-open elsewhere
+	select {
+	case b.ejections <- struct{}{}:
+	default: // a wake-up is already pending
+	}
 	b.logger.Info("balancer: endpoint ejected",
 		"endpoint", e.ID, "url", e.String(),
 		"consecutive", e.ejections, "backoff", backoff, "err", cause)
@@ -69,12 +73,26 @@ func (b *Balancer) backoff(n int) time.Duration {
 }
 
 // Run is the readmission loop: every ProbeInterval it probes the ejected
-// endpoints whose backoff has expired. Call it once, in its own goroutine; it
-// returns when ctx ends, after every probe it started has returned.
+// endpoints whose backoff has expired. While no endpoint is ejected it
+// rests until one is: a sidecar is idle most of its life, and a ticker
+// that finds nothing to do still wakes a thread and the runtime's sysmon
+// every ProbeInterval. Call it once, in its own goroutine; it returns when
+// ctx ends, after every probe it started has returned.
 func (b *Balancer) Run(ctx context.Context) {
 	ticker := time.NewTicker(b.probeInterval)
 	defer ticker.Stop()
 	for {
+		if !b.anyEjected() {
+			// An ejection after this look has left a wake-up in
+			// b.ejections; one from before it is seen by the look.
+			ticker.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-b.ejections:
+			}
+			ticker.Reset(b.probeInterval)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -82,6 +100,16 @@ func (b *Balancer) Run(ctx context.Context) {
 			b.probeOnce(ctx)
 		}
 	}
+}
+
+// anyEjected reports whether an endpoint of the current set is ejected.
+func (b *Balancer) anyEjected() bool {
+	for _, e := range b.current.Load().all {
+		if e.Ejected() {
+			return true
+		}
+	}
+	return false
 }
 
 // probeOnce probes, concurrently, every ejected endpoint whose backoff has
