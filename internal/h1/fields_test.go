@@ -10,7 +10,7 @@ import (
 // leave the same header, each name's values in the same order, and the
 // others' fields in their places.
 func TestFieldsAsHeader(t *testing.T) {
-	type op struct{ set, del, name, value string }
+	type op struct{ set, del, value string }
 	start := Fields{{"A", "1"}, {"B", "2"}, {"A", "3"}, {"C", "4"}, {"A", "5"}}
 	for _, tc := range []struct {
 		name  string
