@@ -183,8 +183,12 @@ func (c *trackedConn) Close() error {
 // a call a real pod answers (the client sees a FIN with nothing unread,
 // and must answer 502). Nothing here has delivered a byte, and any HTTP/1.1
 // request it would still deliver arrives after Shutdown began, when a real
-// server drops it too. An h2c connection has delivered its preface before
-// it carries a stream, so Shutdown's GOAWAY handles it as in any Go server.
+// server drops it too. An h2c connection whose preface the server has not
+// read yet may already hold streams in its socket: they are reset unread,
+// before the server's own preface, which tether's h2c transport tells and
+// sends again (proxy's prefaceConn). (A real Go server would serve such a
+// late connection without a GOAWAY and cut it when the grace period ends.)
+// An h2c connection the server has read from gets Shutdown's GOAWAY.
 func closeUnread(mu *sync.Mutex, conns map[*trackedConn]struct{}) {
 	mu.Lock()
 	var unread []*trackedConn

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // The busiest backend, an h2c go-sdk server in its own process, is stopped
@@ -36,7 +38,8 @@ func TestBackendGracefulKillLoopH2C(t *testing.T) {
 		urls = append(urls, "http://"+p.addr)
 	}
 	var resent atomic.Int64
-	h := newTether(t, urls, harnessOptions{transport: resendCounter{proxy.NewTransport(true), &resent}})
+	var logs testkit.LockedBuffer
+	h := newTether(t, urls, harnessOptions{transport: resendCounter{proxy.NewTransport(true), &resent}, logTo: &logs})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	client := &crashClient{
@@ -146,6 +149,11 @@ func TestBackendGracefulKillLoopH2C(t *testing.T) {
 	}
 	if len(failed) > 0 {
 		t.Errorf("%d client errors over %d graceful kills, want 0", len(failed), kills)
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, "backend request failed") {
+				t.Logf("tether: %s", strings.TrimSpace(line)) // the transport's error
+			}
+		}
 	}
 }
 

@@ -68,6 +68,9 @@ type harnessOptions struct {
 	// servers that take MCP 2026-07-28 requests and sessionless legacy
 	// ones.
 	stateless bool
+	// logTo receives tether's warnings and errors (when not verbose, where
+	// everything goes to stderr): a test prints them when it fails.
+	logTo io.Writer
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
@@ -99,6 +102,8 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	log := slog.New(slog.DiscardHandler)
 	if _, isBench := t.(*testing.B); testing.Verbose() && !isBench {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	} else if o.logTo != nil {
+		log = slog.New(slog.NewTextHandler(o.logTo, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	h.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, ProbeInterval: 50 * time.Millisecond, EjectBase: 100 * time.Millisecond})
 	src, err := discovery.NewStatic(urls)

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -58,12 +60,69 @@ func NewTransportDial(h2c bool, dial func(ctx context.Context, network, addr str
 // written before http2's reader sees the FIN still fails; but refusing the
 // write would not help: http2 keeps the first write error for every stream
 // of the connection and retries none of them.
+//
+// One reset is told apart: on a connection whose backend has sent nothing
+// yet, not even its connection preface (see prefaceConn).
 func newH2CTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
-	t := newHTTPTransport(dial)
+	t := newHTTPTransport(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &prefaceConn{Conn: c}, nil
+	})
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	t.Protocols = &protos
 	return t
+}
+
+// prefaceConn is an h2c connection to a backend that knows whether the
+// backend has sent anything on it. A reset before the backend's first byte
+// is an unreadRequestError: an HTTP/2 server's first frame is its SETTINGS
+// (RFC 9113 §3.4), which a Go server queues before it reads the client's
+// preface, so a server that sent nothing has acted on no stream. The
+// connection was closed under requests it had not read: a listener closed
+// with the connection still in its accept queue (the connect succeeded,
+// the server never saw it), or a server shutting down as it accepted it.
+// http2 fails every stream written into such a connection and retries none;
+// retryUnread sends them again, and a dial to the closed listener then
+// takes the proxy's dial-error path. A reset after the backend's preface
+// stays ambiguous, as on HTTP/1.1.
+type prefaceConn struct {
+	net.Conn
+	heard atomic.Bool // a Read has returned bytes
+	reset atomic.Bool // a Read or Write failed with a reset before that
+}
+
+func (c *prefaceConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.heard.Load() {
+		c.heard.Store(true)
+	}
+	return n, c.unread(err)
+}
+
+func (c *prefaceConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	return n, c.unread(err)
+}
+
+// unread marks a reset before the backend's first byte as an
+// unreadRequestError, and every error after it: the kernel reports a
+// reset once, to the first call that asks, and a Read after it sees an
+// EOF (http2's writer may have taken the reset).
+func (c *prefaceConn) unread(err error) error {
+	if err == nil || c.heard.Load() {
+		return err
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		c.reset.Store(true)
+	}
+	if !c.reset.Load() {
+		return err
+	}
+	return &unreadRequestError{err}
 }
 
 // newHTTPTransport is an http.Transport with NewTransport's limits.
@@ -94,6 +153,10 @@ func newHTTPTransport(dial func(ctx context.Context, network, addr string) (net.
 // for unread data), and what a crash does to a request it had not read yet.
 // A backend that crashes after reading the request closes with nothing
 // unread: a FIN and no reset, which stays ambiguous and gets a 502.
+//
+// Over h2c the same reset is recognised only before the backend's first
+// byte (prefaceConn): later, one connection carries many streams, and
+// which of them the backend read cannot be told.
 //
 // The one reset this misreads is a deliberate abort (SO_LINGER 0) after the
 // backend read and acted on a request without answering; no MCP server or
@@ -128,9 +191,19 @@ func closedWhileIdle(err error) bool {
 	return err != nil && strings.HasSuffix(err.Error(), "http: server closed idle connection")
 }
 
+// notEstablished reports http2's errClientConnNotEstablished ("http2:
+// client conn could not be established", unexported, so matched by its
+// text): a new h2c connection closed before its first stream was written,
+// so the request never left. (Which of it and prefaceConn's error a reset
+// of a new connection gives depends on whether the request's first frame
+// was written before the reset was read.)
+func notEstablished(err error) bool {
+	return err != nil && strings.HasSuffix(err.Error(), "http2: client conn could not be established")
+}
+
 // resendable reports an error after which retryUnread sends the request
 // again.
-func resendable(err error) bool { return isUnread(err) || closedWhileIdle(err) }
+func resendable(err error) bool { return isUnread(err) || closedWhileIdle(err) || notEstablished(err) }
 
 // maxUnreadRetries bounds how often retryUnread sends one request again.
 const maxUnreadRetries = 2

@@ -492,3 +492,105 @@ func BenchmarkStaleCheck(b *testing.B) {
 		}
 	}
 }
+
+// resetFirstListener resets the first connection it accepts once the
+// client's bytes have reached it, unread: as a server shutting down closes
+// a connection it has just accepted, or a closed listener resets those
+// still in its accept queue. If greet, the server sends its connection
+// preface (an empty SETTINGS frame) first, and resets the connection once
+// it has read a request's HEADERS: as a server that crashes while it works
+// on a request. Later connections are served.
+type resetFirstListener struct {
+	net.Listener
+	greet    bool
+	accepted atomic.Int32
+}
+
+func (l *resetFirstListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.accepted.Add(1) > 1 {
+			return c, err
+		}
+		tc := c.(*net.TCPConn)
+		if l.greet {
+			tc.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0}) // SETTINGS, no parameters
+			readToHeaders(tc)
+		} else {
+			waitUnread(tc)
+		}
+		tc.SetLinger(0) // a reset, whatever was read
+		tc.Close()
+	}
+}
+
+// readToHeaders reads an HTTP/2 client's connection preface and its frames
+// through the first HEADERS frame.
+func readToHeaders(c net.Conn) {
+	preface := make([]byte, len("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	if _, err := io.ReadFull(c, preface); err != nil {
+		return
+	}
+	for {
+		var head [9]byte // length (24 bits), type, flags, stream id
+		if _, err := io.ReadFull(c, head[:]); err != nil {
+			return
+		}
+		size := int64(head[0])<<16 | int64(head[1])<<8 | int64(head[2])
+		if _, err := io.CopyN(io.Discard, c, size); err != nil || head[3] == 0x1 { // HEADERS
+			return
+		}
+	}
+}
+
+// A new h2c connection reset before the backend sent anything carries
+// requests the backend never read: they are sent again, and succeed. Once
+// the backend has sent its preface, a reset is as ambiguous as a crash
+// mid-request, and the error stands.
+func TestH2CResetBeforePreface(t *testing.T) {
+	for _, greet := range []bool{false, true} {
+		t.Run(fmt.Sprintf("greeted=%v", greet), func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &resetFirstListener{Listener: ln, greet: greet}
+			var served atomic.Int32
+			var protos http.Protocols
+			protos.SetUnencryptedHTTP2(true)
+			srv := &http.Server{Protocols: &protos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				served.Add(1)
+				io.WriteString(w, "ok")
+			})}
+			go srv.Serve(l)
+			t.Cleanup(func() { srv.Close() })
+			tr := NewTransport(true)
+			t.Cleanup(tr.CloseIdleConnections)
+
+			req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := retryUnread{tr}.RoundTrip(req)
+			if greet {
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("status %d after a reset that followed the backend's preface; want the error", resp.StatusCode)
+				}
+				if isUnread(err) {
+					t.Fatalf("%v: a reset after the backend's preface taken for an unread request", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("request not sent again after a reset before the backend's preface: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(body) != "ok" || served.Load() != 1 || l.accepted.Load() != 2 {
+				t.Fatalf("body %q, served %d, accepted %d; want ok, 1, 2", body, served.Load(), l.accepted.Load())
+			}
+		})
+	}
+}

@@ -216,7 +216,7 @@ func TestCacheCloseFlushesPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			var logs lockedBuffer
+			var logs testkit.LockedBuffer
 			clock := newFakeClock()
 			c := session.NewCache(session.CacheOptions{
 				Shared: sharedStore(t, srv, clock.Now, nil, 0), Now: clock.Now,
@@ -268,24 +268,6 @@ func TestCacheCloseFlushesPending(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuffer is a log destination safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // The cache holds at most Size entries and MaxInitBytes of distinct

@@ -239,3 +239,22 @@ func ReadMessage(br *bufio.Reader, buf []byte) ([]byte, error) {
 	_, err := io.ReadFull(br, buf)
 	return buf, err
 }
+
+// LockedBuffer is a log destination safe for concurrent writes, read while
+// the logger may still write.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
