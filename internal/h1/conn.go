@@ -49,6 +49,30 @@ const (
 	idleSlack = 8
 )
 
+// readBuffers holds the read buffers (readBufferSize) of connections that
+// have a request to read. A connection waiting, idle, for its next request
+// holds none (see idleReader), as nginx frees an idle keep-alive
+// connection's buffers: after a burst, the hundreds of connections a load
+// left open cost their goroutine and a few hundred bytes each.
+var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}
+
+func getReadBuffer() []byte { return readBuffers.Get().(*[readBufferSize]byte)[:] }
+
+// putReadBuffer gives buf back to readBuffers when it is one of theirs (a
+// buffer grown for a long head is left to the collector).
+func putReadBuffer(buf []byte) {
+	if cap(buf) == readBufferSize {
+		readBuffers.Put((*[readBufferSize]byte)(buf[:readBufferSize]))
+	}
+}
+
+// idleReader is a connection that can wait for bytes without holding a
+// buffer (RawIO's on Linux): readIdle reads into *buf, setting it from
+// readBuffers once there are bytes, and to nil while it waits.
+type idleReader interface {
+	readIdle(buf *[]byte) (int, error)
+}
+
 // aLongTimeAgo is a deadline in the past, which interrupts a blocked read.
 var aLongTimeAgo = time.Unix(1, 0)
 
@@ -161,6 +185,8 @@ func (c *conn) serve() {
 		if !handedOff {
 			c.state.Store(stateClosed)
 			c.rwc.Close()
+			putReadBuffer(c.buf)
+			c.buf, c.r, c.w = nil, 0, 0
 		}
 		c.srv.untrack(c)
 	}()
@@ -183,7 +209,7 @@ func (c *conn) serve() {
 // request that is not of the fast shape; its bytes are still in buf.
 func (c *conn) readHead() (head, error) {
 	if c.buf == nil {
-		c.buf = make([]byte, readBufferSize)
+		c.buf = getReadBuffer()
 	}
 	if c.r == c.w {
 		c.r, c.w = 0, 0
@@ -245,7 +271,13 @@ func (c *conn) waitRequest() error {
 	if !c.state.CompareAndSwap(stateActive, stateIdle) || c.srv.closing.Load() {
 		return net.ErrClosed
 	}
-	n, err := c.io.Read(c.buf)
+	var n int
+	var err error
+	if ir, ok := c.io.(idleReader); ok && cap(c.buf) == readBufferSize {
+		n, err = ir.readIdle(&c.buf)
+	} else {
+		n, err = c.io.Read(c.buf)
+	}
 	if !c.state.CompareAndSwap(stateIdle, stateActive) {
 		return net.ErrClosed // Shutdown closed it
 	}
@@ -311,6 +343,7 @@ func (c *conn) handOff() bool {
 		c.rwc.SetReadDeadline(time.Time{})
 	}
 	pending := append([]byte(nil), c.buf[c.r:c.w]...)
+	putReadBuffer(c.buf)
 	c.buf = nil
 	return c.srv.handoff.give(&replayConn{Conn: c.rwc, pending: pending})
 }

@@ -32,20 +32,21 @@ func RawIO(c net.Conn) net.Conn {
 	}
 	r := &rawConn{TCPConn: tc, rc: rc}
 	// Bound once: a closure per call would allocate.
-	r.readFD, r.writeFD = r.readOnce, r.writeAll
+	r.readFD, r.readIdleFD, r.writeFD = r.readOnce, r.readIdleOnce, r.writeAll
 	return r
 }
 
 type rawConn struct {
 	*net.TCPConn
-	rc              syscall.RawConn
-	readFD, writeFD func(fd uintptr) bool
-	rbuf            []byte
-	rn              int
-	rerr            syscall.Errno
-	wbuf            []byte
-	wn              int
-	werr            syscall.Errno
+	rc                          syscall.RawConn
+	readFD, readIdleFD, writeFD func(fd uintptr) bool
+	rbuf                        []byte
+	idleBuf                     *[]byte // readIdle's buffer
+	rn                          int
+	rerr                        syscall.Errno
+	wbuf                        []byte
+	wn                          int
+	werr                        syscall.Errno
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -55,6 +56,37 @@ func (c *rawConn) Read(p []byte) (int, error) {
 	c.rbuf, c.rn, c.rerr = p, 0, 0
 	err := c.rc.Read(c.readFD)
 	c.rbuf = nil
+	return c.readResult(err)
+}
+
+// readIdle is Read into *buf, a buffer of readBuffers', for a connection
+// that waits for its next request: if none has come, the buffer goes back
+// to readBuffers while the poller waits (*buf is nil), and a buffer is
+// taken again once there is something to read.
+func (c *rawConn) readIdle(buf *[]byte) (int, error) {
+	c.idleBuf = buf
+	c.rbuf, c.rn, c.rerr = *buf, 0, 0
+	err := c.rc.Read(c.readIdleFD)
+	c.rbuf, c.idleBuf = nil, nil
+	return c.readResult(err)
+}
+
+// readIdleOnce is readOnce for readIdle.
+func (c *rawConn) readIdleOnce(fd uintptr) bool {
+	if c.rbuf == nil {
+		*c.idleBuf = getReadBuffer()
+		c.rbuf = *c.idleBuf
+	}
+	if c.readOnce(fd) {
+		return true
+	}
+	putReadBuffer(c.rbuf)
+	*c.idleBuf, c.rbuf = nil, nil
+	return false
+}
+
+// readResult is what Read returns after RawConn.Read returned err.
+func (c *rawConn) readResult(err error) (int, error) {
 	switch {
 	case err != nil:
 		return 0, c.opError("read", err)
