@@ -7,6 +7,7 @@
 //	go build -tags tether_sidecar -trimpath -ldflags "-s -w" -o /tmp/tether ./cmd/tether
 //	go run ./hack/sessionmem -tether /tmp/tether -sessions 100000
 //	go run ./hack/sessionmem -tether /tmp/tether -followups 20000 -env GOGC=50
+//	go run ./hack/sessionmem -tether /tmp/tether -followups 20000 -workers 500 -linger 10s
 //
 // The sessions' backend is a minimal MCP responder (initialize answered
 // with a fresh Mcp-Session-Id), not go-sdk: a go-sdk server would hold the
@@ -44,6 +45,7 @@ func main() {
 	workers := flag.Int("workers", 16, "concurrent clients (each its own session for -followups)")
 	env := flag.String("env", "", "comma-separated NAME=VALUE for tether's environment")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	linger := flag.Duration("linger", 0, "measure again this long after the load, then this long after closing the clients' connections")
 	flag.Parse()
 	if *bin == "" {
 		fmt.Fprintln(os.Stderr, "sessionmem: -tether is required")
@@ -133,6 +135,15 @@ func main() {
 	fmt.Printf("after: %s\n", measure(pid, proc.Admin))
 	fmt.Printf("%d requests (%d failed) in %.1fs; tether CPU %.2fs (%.3fs per 1,000)\n",
 		n, failed.Load(), elapsed.Seconds(), cpu, cpu/float64(n)*1000)
+	if *linger > 0 {
+		// What the load leaves behind: first with the clients' keep-alive
+		// connections open and idle, then once they are closed.
+		time.Sleep(*linger)
+		fmt.Printf("after %v with %d idle connections: %s\n", *linger, *workers, measure(pid, proc.Admin))
+		client.CloseIdleConnections()
+		time.Sleep(*linger)
+		fmt.Printf("after %v more with them closed: %s\n", *linger, measure(pid, proc.Admin))
+	}
 }
 
 // minimalBackend answers initialize with a new session and anything else
@@ -178,9 +189,9 @@ func measure(pid int, admin string) string {
 		}
 	}
 	m := tetherproc.Scrape(admin)
-	return fmt.Sprintf("RSS %.1f MiB (anon %.1f, file %.1f, peak %.1f), heap in use %.1f MiB, Go sys %.1f MiB, sessions %.0f, init bytes %.0f, GC cycles %.0f",
+	return fmt.Sprintf("RSS %.1f MiB (anon %.1f, file %.1f, peak %.1f), heap in use %.1f MiB, stacks %.1f MiB, Go sys %.1f MiB, goroutines %.0f, sessions %.0f, init bytes %.0f, GC cycles %.0f",
 		kib["VmRSS"]/1024, kib["RssAnon"]/1024, kib["RssFile"]/1024, kib["VmHWM"]/1024,
-		m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_sys_bytes"]/(1<<20),
+		m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_stack_inuse_bytes"]/(1<<20), m["go_memstats_sys_bytes"]/(1<<20), m["go_goroutines"],
 		m["tether_session_records"], m["tether_session_init_bytes"], m["go_gc_duration_seconds_count"])
 }
 
