@@ -83,8 +83,9 @@ type clientConn struct {
 	c    *client
 	addr string
 	conn net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
+	// br reads the answers; it is taken from backendReaders for a
+	// request and given back when the connection goes idle.
+	br *bufio.Reader
 	// probe peeks at the socket before a request is written into a
 	// reused connection; probed is false when it cannot (no descriptor).
 	probe  stateProbe
@@ -299,9 +300,17 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	pc.stop = h1.AfterCancel(ctx, pc.abortFunc)
 	pc.written, pc.unanswered = 0, true
 	req := r.http()
-	err = r.write(pc.bw)
+	bw := backendWriters.Get().(*bufio.Writer)
+	bw.Reset(pc)
+	err = r.write(bw)
 	if err == nil {
-		err = pc.bw.Flush()
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	backendWriters.Put(bw)
+	if pc.br == nil {
+		pc.br = backendReaders.Get().(*bufio.Reader)
+		pc.br.Reset(pc)
 	}
 	if err != nil {
 		if resp := pc.earlyAnswer(req); resp != nil {
@@ -394,8 +403,6 @@ func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	pc := &clientConn{c: c, addr: addr, conn: h1.RawIO(conn), readLimit: math.MaxInt64}
 	pc.abortFunc = pc.abort
 	pc.probed = pc.probe.init(conn)
-	pc.br = bufio.NewReader(pc)
-	pc.bw = bufio.NewWriter(pc)
 	return pc, nil
 }
 
@@ -432,11 +439,27 @@ func (pc *clientConn) release(reuse bool) {
 		pc.stop = nil
 	}
 	if !reuse || pc.aborted.Load() || pc.br.Buffered() > 0 {
+		// The reader is not pooled: a Close from another goroutine may
+		// end a read still running in it.
 		pc.conn.Close()
 		return
 	}
+	// Only the goroutine that reads the answer gets here: the reader
+	// goes back to the pool, and the idle connection holds no buffer.
+	pc.br.Reset(nil)
+	backendReaders.Put(pc.br)
+	pc.br = nil
 	pc.c.put(pc)
 }
+
+// The buffers of backend connections, held only while a request is written
+// (the writer) or its answer read (the reader): an idle connection of the
+// pool holds neither, so the hundreds a burst leaves behind cost a socket
+// and a small struct each, not 8 KiB.
+var (
+	backendReaders = sync.Pool{New: func() any { return bufio.NewReader(nil) }}
+	backendWriters = sync.Pool{New: func() any { return bufio.NewWriter(nil) }}
+)
 
 // close ends the current request on pc and closes it.
 func (pc *clientConn) close() { pc.release(false) }

@@ -122,6 +122,58 @@ func TestClientReusesConnections(t *testing.T) {
 	}
 }
 
+// Connections waiting in the pool hold no buffer: the reader of each goes
+// back to backendReaders when its answer has been read (the writer, when
+// its request has been written), and a connection taken again gets one.
+func TestClientIdleConnectionsHoldNoBuffers(t *testing.T) {
+	b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+		return err == nil
+	})
+	c := newClient(DialBackend)
+	t.Cleanup(c.CloseIdleConnections)
+	const n = 8
+	// n answers whose bodies are still to be read hold n connections.
+	var resps []*http.Response
+	for i := range n {
+		resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resps = append(resps, resp)
+	}
+	for _, resp := range resps {
+		if got := readAll(t, resp); got != "hello" {
+			t.Fatalf("body %q", got)
+		}
+	}
+	c.mu.Lock()
+	idle := c.idle[b.addr]
+	held := 0
+	for _, pc := range idle {
+		if pc.br != nil {
+			held++
+		}
+	}
+	c.mu.Unlock()
+	if len(idle) != n || held != 0 {
+		t.Fatalf("%d idle connections, %d of them holding a reader; want %d, 0", len(idle), held, n)
+	}
+	// Each is used again.
+	for i := range 2 * n {
+		resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+		if err != nil {
+			t.Fatalf("request %d after the pool: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "hello" {
+			t.Fatalf("body %q", got)
+		}
+	}
+	if got := b.accepted.Load(); got != n {
+		t.Fatalf("%d connections dialled, want %d", got, n)
+	}
+}
+
 // Chunked answers with trailers, after informational answers, are read as
 // net/http reads them, and the connection is reused after them.
 func TestClientChunkedTrailers(t *testing.T) {
