@@ -52,10 +52,14 @@ type config struct {
 	Balancer      string
 	MaxBody       int64
 	ShutdownGrace time.Duration
-	BackendH2C    bool
-	TraceStdout   bool
-	LogFormat     string
-	LogLevel      string
+	// MemoryReleaseAfter is how long after its last garbage collection a
+	// process gone quiet gives free memory back to the OS (0: never;
+	// see memoryReleaser).
+	MemoryReleaseAfter time.Duration
+	BackendH2C         bool
+	TraceStdout        bool
+	LogFormat          string
+	LogLevel           string
 
 	// MaxInitBody bounds initialize bodies, which are stored with the
 	// session. PrincipalHeaders are the credential headers whose keyed
@@ -87,17 +91,18 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		Listen:        "127.0.0.1:7480",
-		AdminListen:   "127.0.0.1:7481",
-		SessionTTL:    time.Hour,
-		Balancer:      "p2c",
-		MaxBody:       proxy.DefaultMaxBody,
-		ShutdownGrace: 25 * time.Second,
-		LogFormat:     "text",
-		LogLevel:      "info",
-		RedisPrefix:   "tether:",
-		RedisTimeout:  50 * time.Millisecond,
-		getenv:        func(string) string { return "" },
+		Listen:             "127.0.0.1:7480",
+		AdminListen:        "127.0.0.1:7481",
+		SessionTTL:         time.Hour,
+		Balancer:           "p2c",
+		MaxBody:            proxy.DefaultMaxBody,
+		ShutdownGrace:      25 * time.Second,
+		MemoryReleaseAfter: defaultMemoryReleaseAfter,
+		LogFormat:          "text",
+		LogLevel:           "info",
+		RedisPrefix:        "tether:",
+		RedisTimeout:       50 * time.Millisecond,
+		getenv:             func(string) string { return "" },
 
 		MaxInitBody:               proxy.DefaultMaxInitBody,
 		PrincipalHeaders:          append([]string(nil), proxy.DefaultPrincipalHeaders...),
@@ -155,6 +160,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	})
 	fs.StringVar(&cfg.PrincipalKeyFile, "principal-key-file", "", "file holding the key (32 bytes or more) of the session principal digests, shared by all replicas (default: TETHER_PRINCIPAL_KEY, else a key kept in Redis, else a random one)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
+	fs.DurationVar(&cfg.MemoryReleaseAfter, "memory-release-after", cfg.MemoryReleaseAfter, "after a burst, how long after its last garbage collection a quiet tether gives its free memory back to the OS (0: left to the Go runtime)")
 	fs.BoolVar(&cfg.BackendH2C, "backend-h2c", false, "speak HTTP/2 without TLS (prior knowledge) to backends")
 	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "write trace spans to stdout as JSON (local runs; OTLP is configured with the OTEL_* variables)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text | json")
@@ -241,6 +247,8 @@ func (c config) validate() error {
 		return fmt.Errorf("--http2-max-concurrent-streams must be positive, got %d", c.HTTP2MaxConcurrentStreams)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must not be negative, got %s", c.ShutdownGrace)
+	case c.MemoryReleaseAfter < 0:
+		return fmt.Errorf("--memory-release-after must not be negative, got %s", c.MemoryReleaseAfter)
 	case !slices.Contains(balancer.PickerNames, c.Balancer):
 		return fmt.Errorf("--balancer %q: want one of %s", c.Balancer, strings.Join(balancer.PickerNames, ", "))
 	case c.LogFormat != "text" && c.LogFormat != "json":

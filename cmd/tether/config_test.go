@@ -38,9 +38,10 @@ func TestParseServeFlags(t *testing.T) {
 		{"list with spaces", []string{"--backends", " http://127.0.0.1:9001 , http://127.0.0.1:9002,"}, env(),
 			with(func(c *config) { c.Backends = []string{"http://127.0.0.1:9001", "http://127.0.0.1:9002"} }), ""},
 		{"all flags", []string{"--backends", "http://127.0.0.1:9001", "--listen", "0.0.0.0:8080", "--admin-listen", "127.0.0.1:0",
-			"--shutdown-grace", "3s", "--backend-h2c", "--log-format", "json", "--log-level", "debug"}, env(),
+			"--shutdown-grace", "3s", "--backend-h2c", "--log-format", "json", "--log-level", "debug", "--memory-release-after", "0s"}, env(),
 			with(func(c *config) {
 				c.Listen, c.AdminListen, c.ShutdownGrace, c.BackendH2C, c.LogFormat, c.LogLevel = "0.0.0.0:8080", "127.0.0.1:0", 3*time.Second, true, "json", "debug"
+				c.MemoryReleaseAfter = 0
 			}), ""},
 
 		{"redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "rediss://redis.example:6380/2", "--redis-prefix", "t1:",
@@ -88,6 +89,7 @@ func TestParseServeFlags(t *testing.T) {
 		{"short principal key", []string{"--backends", "http://127.0.0.1:9001"}, env("TETHER_PRINCIPAL_KEY", "short"), config{}, "at least 32 bytes"},
 		{"two principal keys", []string{"--backends", "http://127.0.0.1:9001", "--principal-key-file", "/k"}, env("TETHER_PRINCIPAL_KEY", strings.Repeat("k", 32)), config{}, "mutually exclusive"},
 		{"budget below max body", []string{"--backends", "http://127.0.0.1:9001", "--max-inflight-body-bytes", "1024"}, env(), config{}, "--max-inflight-body-bytes (1024) must be at least --max-body"},
+		{"negative memory release", []string{"--backends", "http://127.0.0.1:9001", "--memory-release-after", "-1s"}, env(), config{}, "--memory-release-after"},
 		{"zero body timeout", []string{"--backends", "http://127.0.0.1:9001", "--body-timeout", "0s"}, env(), config{}, "--body-timeout"},
 		{"zero max streams", []string{"--backends", "http://127.0.0.1:9001", "--max-streams", "0"}, env(), config{}, "--max-streams"},
 		{"zero h2 streams", []string{"--backends", "http://127.0.0.1:9001", "--http2-max-concurrent-streams", "0"}, env(), config{}, "--http2-max-concurrent-streams"},

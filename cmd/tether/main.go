@@ -120,5 +120,6 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 	if err != nil {
 		return err
 	}
+	startMemoryReleaser(ctx, log, cfg.MemoryReleaseAfter)
 	return s.Run(ctx)
 }

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync"
+	"time"
+)
+
+// defaultMemoryReleaseAfter is --memory-release-after's default: how long
+// after its last garbage collection a process that has gone quiet gives
+// its free memory back to the OS.
+const defaultMemoryReleaseAfter = 5 * time.Second
+
+// minMemoryRelease is the least a release must be able to give back to be
+// worth a collection (releasable): less is left to the runtime's
+// background scavenger.
+const minMemoryRelease = 4 << 20
+
+// memoryReleaser gives memory back to the OS once the process has been
+// quiet for a while after a burst.
+//
+// Why: after a burst of load the heap holds garbage that no collection
+// will reclaim until the runtime's forced one, two minutes on, and freed
+// pages go back to the OS only at the background scavenger's slow pace, so
+// a sidecar that served a thousand connections for a few seconds keeps
+// that RSS for minutes (hack/sessionmem -linger). nginx frees a burst's
+// buffers as its connections go idle. A collection with a full scavenge
+// (debug.FreeOSMemory) costs a few milliseconds of CPU; it runs once per
+// quiet spell, and only when it can give back minMemoryRelease or more.
+//
+// "Quiet" is read from the collector itself: every collection re-arms a
+// timer (a cleanup on a sentinel object that each collection frees), so
+// the release comes a quiet spell (after) past the last collection; a busy
+// process collects far more often than that and is never interrupted, and
+// an idle one wakes for nothing.
+type memoryReleaser struct {
+	after time.Duration
+	log   *slog.Logger
+
+	mu        sync.Mutex
+	timer     *time.Timer
+	stopped   bool
+	releasing bool
+	ownGC     uint64 // the collection count right after the last release
+	releases  int    // for tests
+}
+
+// startMemoryReleaser starts releasing memory after quiet spells of after,
+// until ctx ends. after <= 0 starts nothing.
+func startMemoryReleaser(ctx context.Context, log *slog.Logger, after time.Duration) *memoryReleaser {
+	if after <= 0 {
+		return nil
+	}
+	m := &memoryReleaser{after: after, log: log}
+	m.timer = time.AfterFunc(time.Hour, m.release)
+	m.timer.Stop()
+	m.watch()
+	context.AfterFunc(ctx, m.stop)
+	return m
+}
+
+// gcSentinel is freed by the first collection after it is made; its
+// cleanup tells the releaser, and makes the next one.
+type gcSentinel struct {
+	_ [16]byte // not a tiny allocation, which could share its block with a live one
+}
+
+func (m *memoryReleaser) watch() {
+	runtime.AddCleanup(new(gcSentinel), (*memoryReleaser).collected, m)
+}
+
+// collected runs after each collection.
+func (m *memoryReleaser) collected() {
+	n := gcCount()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
+		return
+	}
+	m.watch()
+	if m.releasing || n <= m.ownGC {
+		return // the release's own collection
+	}
+	m.timer.Reset(m.after)
+}
+
+// release gives free memory back to the OS, when there is enough of it.
+func (m *memoryReleaser) release() {
+	m.mu.Lock()
+	if m.stopped || releasable() < minMemoryRelease {
+		m.mu.Unlock()
+		return
+	}
+	m.releasing = true
+	m.mu.Unlock()
+
+	before := retainedBytes()
+	start := time.Now()
+	debug.FreeOSMemory()
+	after := retainedBytes()
+
+	m.mu.Lock()
+	m.releasing = false
+	m.ownGC = gcCount()
+	m.releases++
+	m.mu.Unlock()
+	m.log.Debug("memory given back to the OS after a quiet spell",
+		"retained_before", before, "retained_after", after, "took", time.Since(start))
+}
+
+func (m *memoryReleaser) stop() {
+	m.mu.Lock()
+	m.stopped = true
+	m.timer.Stop()
+	m.mu.Unlock()
+}
+
+// gcCount is the number of completed collections.
+func gcCount() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// releasable is about what a collection and a full scavenge would give back
+// to the OS: the heap's free pages not yet given back, and its objects
+// (dead ones included until the next collection) past those the last
+// collection found live.
+func releasable() uint64 {
+	s := []metrics.Sample{
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/gc/heap/live:bytes"},
+	}
+	metrics.Read(s)
+	objects, free, live := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
+	return free + objects - min(objects, live)
+}
+
+// retainedBytes is the memory the Go runtime holds from the OS and has
+// not given back: about the process's anonymous RSS.
+func retainedBytes() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64() - s[1].Value.Uint64()
+}
