@@ -40,6 +40,10 @@ const minMemoryRelease = 4 << 20
 type memoryReleaser struct {
 	after time.Duration
 	log   *slog.Logger
+	// releasable and free are the runtime's (releasable,
+	// debug.FreeOSMemory); tests put their own.
+	releasable func() uint64
+	free       func()
 
 	mu        sync.Mutex
 	timer     *time.Timer
@@ -55,12 +59,17 @@ func startMemoryReleaser(ctx context.Context, log *slog.Logger, after time.Durat
 	if after <= 0 {
 		return nil
 	}
-	m := &memoryReleaser{after: after, log: log}
+	m := &memoryReleaser{after: after, log: log, releasable: releasable, free: debug.FreeOSMemory}
+	m.start(ctx)
+	return m
+}
+
+// start arms the releaser until ctx ends.
+func (m *memoryReleaser) start(ctx context.Context) {
 	m.timer = time.AfterFunc(time.Hour, m.release)
 	m.timer.Stop()
 	m.watch()
 	context.AfterFunc(ctx, m.stop)
-	return m
 }
 
 // gcSentinel is freed by the first collection after it is made; its
@@ -91,22 +100,27 @@ func (m *memoryReleaser) collected() {
 // release gives free memory back to the OS, when there is enough of it.
 func (m *memoryReleaser) release() {
 	m.mu.Lock()
-	if m.stopped || releasable() < minMemoryRelease {
+	if m.stopped || m.releasable() < minMemoryRelease {
 		m.mu.Unlock()
 		return
 	}
 	m.releasing = true
 	m.mu.Unlock()
 
-	before := retainedBytes()
+	before, gcBefore := retainedBytes(), gcCount()
 	start := time.Now()
-	debug.FreeOSMemory()
-	after := retainedBytes()
+	m.free()
+	after, gcAfter := retainedBytes(), gcCount()
 
 	m.mu.Lock()
 	m.releasing = false
-	m.ownGC = gcCount()
+	m.ownGC = gcAfter
 	m.releases++
+	if gcAfter-gcBefore > 1 && !m.stopped {
+		// Collections besides the release's own ran meanwhile (their
+		// cleanups were taken for its own): the process is not quiet yet.
+		m.timer.Reset(m.after)
+	}
 	m.mu.Unlock()
 	m.log.Debug("memory given back to the OS after a quiet spell",
 		"retained_before", before, "retained_after", after, "took", time.Since(start))

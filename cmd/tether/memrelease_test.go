@@ -4,74 +4,83 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
+	"runtime/debug"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// After a burst of allocation, a process gone quiet gives its free memory
-// back to the OS; collections with nothing to give back (the runtime's
-// periodic one) release nothing, and neither does anything once the
-// releaser's context has ended.
-func TestMemoryReleasedAfterBurst(t *testing.T) {
+// The releaser's decisions, with the runtime's collections but a
+// releasable figure of the test's (the runtime's scavenger would otherwise
+// move it under the test): a collection arms it, a quiet spell after one
+// releases when there is enough to give back, the release's own collection
+// arms nothing, and nothing is released once its context has ended.
+func TestMemoryReleaser(t *testing.T) {
 	const after = 20 * time.Millisecond
+	var give atomic.Uint64
+	m := &memoryReleaser{after: after, log: slog.New(slog.DiscardHandler),
+		releasable: give.Load,
+		free:       runtime.GC, // a collection of its own, as debug.FreeOSMemory's
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m := startMemoryReleaser(ctx, slog.New(slog.DiscardHandler), after)
+	m.start(ctx)
 	releases := func() int {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return m.releases
 	}
-	burst := func() uint64 {
-		// 64 MiB live at once, then dropped.
-		var sink [][]byte
-		for range 1024 {
-			sink = append(sink, make([]byte, 64<<10))
-		}
-		peak := retainedBytes()
-		runtime.KeepAlive(sink)
-		// A load's last collection comes near its end; this burst is too
-		// short to be sure of one after its last allocation.
-		sink = nil
-		runtime.GC()
-		return peak
-	}
-	// settle waits until the memory retained is back under peak-32 MiB
-	// and no release runs. (A collection during the burst may have armed
-	// a release that came before its end; the one after its end gives the
-	// memory back.)
-	settle := func(peak uint64) {
+	waitReleases := func(n int) {
 		t.Helper()
-		releasing := func() bool {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			return m.releasing
-		}
-		for deadline := time.Now().Add(20 * time.Second); retainedBytes() > peak-32<<20 || releasing(); time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(20 * time.Second); releases() < n; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("retained %d MiB, %d MiB at the burst's peak; %d releases", retainedBytes()>>20, peak>>20, releases())
+				t.Fatalf("%d releases, want %d", releases(), n)
 			}
 		}
 	}
-	quiet := func() {
-		for range 3 {
-			runtime.GC()
-			time.Sleep(5 * after) // a release would come after one quiet spell
+	// stays asserts that no release comes in several quiet spells.
+	stays := func(n int, why string) {
+		t.Helper()
+		time.Sleep(5 * after)
+		if got := releases(); got != n {
+			t.Fatalf("%s: %d releases, want %d", why, got, n)
 		}
 	}
 
-	settle(burst())
-	n := releases()
-	quiet()
-	if got := releases(); got != n {
-		t.Fatalf("%d releases after collections with nothing to give back, want %d", got, n)
-	}
-	settle(burst())
-	n = releases()
+	give.Store(minMemoryRelease - 1)
+	runtime.GC()
+	stays(0, "a collection with less than minMemoryRelease to give back")
+
+	give.Store(64 << 20)
+	runtime.GC()
+	waitReleases(1)
+	stays(1, "after a release, with nothing but its own collection")
+
+	runtime.GC()
+	waitReleases(2)
+
 	cancel()
-	burst()
-	quiet()
-	if got := releases(); got != n {
-		t.Fatalf("%d releases after the context ended, want %d", got, n)
+	runtime.GC()
+	stays(2, "after the context ended")
+}
+
+// releasable counts a burst's garbage, and what a release leaves is under
+// minMemoryRelease: an idle process's collections find nothing worth a
+// release (no release every quiet spell).
+func TestReleasable(t *testing.T) {
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // the burst's garbage stays uncollected
+	var sink [][]byte
+	for range 1024 {
+		sink = append(sink, make([]byte, 64<<10)) // 64 MiB
+	}
+	runtime.KeepAlive(sink)
+	sink = nil
+	if got := releasable(); got < 60<<20 {
+		t.Errorf("releasable %d MiB with 64 MiB of garbage, want 60 or more", got>>20)
+	}
+	debug.FreeOSMemory()
+	if got := releasable(); got >= minMemoryRelease {
+		t.Errorf("releasable %d KiB after a release, want under %d", got>>10, minMemoryRelease>>10)
 	}
 }
