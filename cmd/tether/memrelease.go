@@ -15,6 +15,11 @@ import (
 // its free memory back to the OS.
 const defaultMemoryReleaseAfter = 5 * time.Second
 
+// quietAllocation is the most a process may allocate in a quiet spell: a
+// tether serving requests allocates that in a fraction of a second (3 KB
+// or so a follow-up), an idle one not in minutes.
+const quietAllocation = 1 << 20
+
 // minMemoryRelease is the least a release must be able to give back to be
 // worth a collection (releasable): less is left to the runtime's
 // background scavenger.
@@ -34,15 +39,17 @@ const minMemoryRelease = 4 << 20
 //
 // "Quiet" is read from the collector itself: every collection re-arms a
 // timer (a cleanup on a sentinel object that each collection frees), so
-// the release comes a quiet spell (after) past the last collection; a busy
-// process collects far more often than that and is never interrupted, and
-// an idle one wakes for nothing.
+// the release comes a quiet spell (after) past the last collection, and
+// only if the process allocated less than quietAllocation in that spell;
+// a busy process collects far more often than that and is never
+// interrupted, and an idle one wakes for nothing.
 type memoryReleaser struct {
 	after time.Duration
 	log   *slog.Logger
-	// releasable and free are the runtime's (releasable,
-	// debug.FreeOSMemory); tests put their own.
+	// releasable, allocated and free are the runtime's (releasable,
+	// allocatedBytes, debug.FreeOSMemory); tests put their own.
 	releasable func() uint64
+	allocated  func() uint64
 	free       func()
 
 	mu        sync.Mutex
@@ -50,6 +57,7 @@ type memoryReleaser struct {
 	stopped   bool
 	releasing bool
 	ownGC     uint64 // the collection count right after the last release
+	armedAt   uint64 // allocated() when the timer was last armed
 	releases  int    // for tests
 }
 
@@ -59,7 +67,7 @@ func startMemoryReleaser(ctx context.Context, log *slog.Logger, after time.Durat
 	if after <= 0 {
 		return nil
 	}
-	m := &memoryReleaser{after: after, log: log, releasable: releasable, free: debug.FreeOSMemory}
+	m := &memoryReleaser{after: after, log: log, releasable: releasable, allocated: allocatedBytes, free: debug.FreeOSMemory}
 	m.start(ctx)
 	return m
 }
@@ -94,13 +102,30 @@ func (m *memoryReleaser) collected() {
 	if m.releasing || n <= m.ownGC {
 		return // the release's own collection
 	}
+	m.armLocked()
+}
+
+// armLocked (re)starts the quiet spell.
+func (m *memoryReleaser) armLocked() {
+	m.armedAt = m.allocated()
 	m.timer.Reset(m.after)
 }
 
 // release gives free memory back to the OS, when there is enough of it.
 func (m *memoryReleaser) release() {
 	m.mu.Lock()
-	if m.stopped || m.releasable() < minMemoryRelease {
+	if m.stopped {
+		m.mu.Unlock()
+		return
+	}
+	if m.allocated()-m.armedAt > quietAllocation {
+		// Busy again, before its first collection: a release now would
+		// make the load fault its pages back in. Wait for a quiet spell.
+		m.armLocked()
+		m.mu.Unlock()
+		return
+	}
+	if m.releasable() < minMemoryRelease {
 		m.mu.Unlock()
 		return
 	}
@@ -119,7 +144,7 @@ func (m *memoryReleaser) release() {
 	if gcAfter-gcBefore > 1 && !m.stopped {
 		// Collections besides the release's own ran meanwhile (their
 		// cleanups were taken for its own): the process is not quiet yet.
-		m.timer.Reset(m.after)
+		m.armLocked()
 	}
 	m.mu.Unlock()
 	m.log.Debug("memory given back to the OS after a quiet spell",
@@ -153,6 +178,13 @@ func releasable() uint64 {
 	metrics.Read(s)
 	objects, free, live := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
 	return free + objects - min(objects, live)
+}
+
+// allocatedBytes is the heap allocated since the process started.
+func allocatedBytes() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // retainedBytes is the memory the Go runtime holds from the OS and has

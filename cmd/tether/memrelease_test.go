@@ -14,12 +14,14 @@ import (
 // releasable figure of the test's (the runtime's scavenger would otherwise
 // move it under the test): a collection arms it, a quiet spell after one
 // releases when there is enough to give back, the release's own collection
-// arms nothing, and nothing is released once its context has ended.
+// arms nothing, a process allocating again is not interrupted, and
+// nothing is released once its context has ended.
 func TestMemoryReleaser(t *testing.T) {
 	const after = 20 * time.Millisecond
-	var give atomic.Uint64
+	var give, allocs atomic.Uint64
 	m := &memoryReleaser{after: after, log: slog.New(slog.DiscardHandler),
 		releasable: give.Load,
+		allocated:  allocs.Load,
 		free:       runtime.GC, // a collection of its own, as debug.FreeOSMemory's
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -59,9 +61,21 @@ func TestMemoryReleaser(t *testing.T) {
 	runtime.GC()
 	waitReleases(2)
 
+	// Busy again without a collection yet (allocating more than
+	// quietAllocation a spell): no release until it stops.
+	runtime.GC()
+	for range 10 {
+		allocs.Add(2 * quietAllocation)
+		time.Sleep(after / 2)
+	}
+	if got := releases(); got != 2 {
+		t.Fatalf("%d releases while allocating, want 2", got)
+	}
+	waitReleases(3)
+
 	cancel()
 	runtime.GC()
-	stays(2, "after the context ended")
+	stays(3, "after the context ended")
 }
 
 // releasable counts a burst's garbage, and what a release leaves is under
