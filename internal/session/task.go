@@ -40,9 +40,6 @@ const (
 	defaultMaxTasks = 100_000
 )
 
-// evictMaxTasks is the reason of a task record evicted at MaxTasks.
-const evictMaxTasks = "max_tasks"
-
 var errEmptyTaskID = errors.New("session: empty task id")
 
 // TaskRecord is where a task lives.
