@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ func TestRedisStoreWiringAndReadinessWhileDegraded(t *testing.T) {
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Backends = []string{backend.URL}
 	cfg.RedisURL = srv.URL()
-	var logs lockedBuffer
+	var logs testkit.LockedBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	s, err := newServer(cfg, log)
 	if err != nil {
@@ -121,23 +120,4 @@ func TestRedisPlaintextPasswordWarning(t *testing.T) {
 	if strings.Contains(logs.String(), "pw") {
 		t.Errorf("the password is in the log: %q", logs.String())
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger writing from many
-// goroutines while a test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

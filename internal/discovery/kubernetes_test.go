@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -22,22 +21,11 @@ import (
 var testService = ServiceRef{Namespace: "mcp", Name: "everything"}
 
 // logBuffer collects log lines from concurrent goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type logBuffer struct{ testkit.LockedBuffer }
 
 func (b *logBuffer) lines(substr string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
+	for _, l := range strings.Split(b.String(), "\n") {
 		if strings.Contains(l, substr) {
 			out = append(out, l)
 		}
