@@ -53,7 +53,7 @@ const (
 // have a request to read. A connection waiting, idle, for its next request
 // holds none (see idleReader), as nginx frees an idle keep-alive
 // connection's buffers: after a burst, the hundreds of connections a load
-// left open cost their goroutine and a few hundred bytes each.
+// left open cost their goroutine and their small structs each.
 var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}
 
 func getReadBuffer() []byte { return readBuffers.Get().(*[readBufferSize]byte)[:] }
