@@ -66,6 +66,12 @@ func startRawBackend(t *testing.T, answer func(c net.Conn, n int, req *http.Requ
 	return b
 }
 
+// answerHello answers every request with a 200 "hello" of known length.
+func answerHello(c net.Conn, _ int, _ *http.Request) bool {
+	_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+	return err == nil
+}
+
 func clientPost(ctx context.Context, c *client, addr, body string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
 	if err != nil {
@@ -88,10 +94,7 @@ func readAll(t *testing.T, resp *http.Response) string {
 // share one connection. A body closed early closes its connection, and the
 // next request dials.
 func TestClientReusesConnections(t *testing.T) {
-	b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
-		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-		return err == nil
-	})
+	b := startRawBackend(t, answerHello)
 	c := newClient(DialBackend)
 	t.Cleanup(c.CloseIdleConnections)
 	ctx := context.Background()
@@ -126,10 +129,7 @@ func TestClientReusesConnections(t *testing.T) {
 // back to backendReaders when its answer has been read (the writer, when
 // its request has been written), and a connection taken again gets one.
 func TestClientIdleConnectionsHoldNoBuffers(t *testing.T) {
-	b := startRawBackend(t, func(c net.Conn, _ int, _ *http.Request) bool {
-		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-		return err == nil
-	})
+	b := startRawBackend(t, answerHello)
 	c := newClient(DialBackend)
 	t.Cleanup(c.CloseIdleConnections)
 	const n = 8
