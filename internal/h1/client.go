@@ -47,7 +47,7 @@ func (a *Answer) HTTPResponse() *http.Response {
 func AnswerOf(resp *http.Response) *Answer {
 	a := new(stdAnswer)
 	a.Response = resp
-	a.Header = appendFieldsOf(a.fields[:0], resp.Header)
+	a.Header = AppendHeader(a.fields[:0], resp.Header)
 	resp.Header = nil
 	return &a.Answer
 }
@@ -157,7 +157,7 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 	}
 	// The fields named are looked for only when present (most answers
 	// have none of them but a Content-Length or Transfer-Encoding).
-	h, has, ok := appendFields(r.fields[:0], rest)
+	h, has, ok := appendFields(r.fields[:0], rest, false)
 	if !ok {
 		return false
 	}
@@ -180,7 +180,7 @@ func (r *answer) parse(block string, req *http.Request) (ok bool) {
 		if h.Count("Content-Length") > 1 {
 			return false // repeated: net/http's
 		}
-		if length, ok = parseContentLength([]string{h.Get("Content-Length")}); !ok {
+		if length, ok = parseContentLength(h.Get("Content-Length")); !ok {
 			return false // malformed: net/http's
 		}
 	}

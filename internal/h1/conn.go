@@ -95,6 +95,7 @@ type conn struct {
 	body   body
 	resp   response
 	header http.Header // the response header map, cleared between requests
+	fields Fields      // the request's fields, reused between requests (keptFields)
 
 	// mu guards the client watch (see clientWatchDelay and watch.go), the
 	// request's cancellation (cancel.go) and, while a request runs, the
@@ -225,10 +226,11 @@ func (c *conn) readHead() (head, error) {
 			return head{}, errHandOff
 		}
 		if end >= 0 {
-			h, ok := parseHead(string(c.buf[c.r : c.r+end]))
+			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0])
 			if !ok {
 				return head{}, errHandOff
 			}
+			c.fields = h.fields // its array, perhaps grown, for the next
 			c.r += end
 			return h, nil
 		}
@@ -358,13 +360,18 @@ func (c *conn) serveRequest(h *head) bool {
 		reqBody = &c.body
 	}
 	c.body.err = nil
+	fh, _ := c.srv.std.Handler.(FieldsHandler)
+	var header http.Header
+	if fh == nil {
+		header = h.fields.Header()
+	}
 	r := http.Request{
 		Method:        h.method,
 		URL:           h.url,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
-		Header:        h.header,
+		Header:        header,
 		Body:          reqBody,
 		ContentLength: h.contentLength,
 		Host:          h.host,
@@ -384,8 +391,9 @@ func (c *conn) serveRequest(h *head) bool {
 		cancel(context.Cause(base))
 	}
 
-	aborted := c.runHandler(w, req)
+	aborted := c.runHandler(w, req, fh, h.fields)
 	c.endRequest()
+	c.releaseFields()
 	if aborted {
 		return false
 	}
@@ -398,9 +406,10 @@ func (c *conn) serveRequest(h *head) bool {
 	return !c.srv.closing.Load()
 }
 
-// runHandler runs the handler; aborted reports a panic, after which the
-// answer is cut off (http.ErrAbortHandler is how a handler asks for that).
-func (c *conn) runHandler(w *response, req *http.Request) (aborted bool) {
+// runHandler runs the handler, with the request's fields when it is a
+// FieldsHandler; aborted reports a panic, after which the answer is cut
+// off (http.ErrAbortHandler is how a handler asks for that).
+func (c *conn) runHandler(w *response, req *http.Request, fh FieldsHandler, f Fields) (aborted bool) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {
@@ -409,8 +418,30 @@ func (c *conn) runHandler(w *response, req *http.Request) (aborted bool) {
 			aborted = true
 		}
 	}()
-	c.srv.std.Handler.ServeHTTP(w, req)
+	if fh != nil {
+		fh.ServeFields(w, req, f)
+	} else {
+		c.srv.std.Handler.ServeHTTP(w, req)
+	}
 	return false
+}
+
+// keptFields is the most fields a connection's list keeps room for
+// between requests: a head of more (up to maxHeaderLines) gets a list of
+// its own, dropped after it, so that a few large heads cannot make every
+// idle connection hold 8 KiB.
+const keptFields = 32
+
+// releaseFields ends the request's hold on the fields list: its strings
+// (substrings of the head) are cleared, so that an idle connection keeps
+// no head in memory, and a large list is dropped.
+func (c *conn) releaseFields() {
+	if cap(c.fields) > keptFields {
+		c.fields = nil
+		return
+	}
+	clear(c.fields[:cap(c.fields)])
+	c.fields = c.fields[:0]
 }
 
 // discardBody reads and drops what the handler has not read of the body,

@@ -131,10 +131,10 @@ func (f Fields) AddTo(h http.Header) {
 	}
 }
 
-// appendFieldsOf appends the fields of h to dst, each name's values in
+// AppendHeader appends the fields of h to dst, each name's values in
 // their order (the names in the map's, which is random). A name without
 // values has no field.
-func appendFieldsOf(dst Fields, h http.Header) Fields {
+func AppendHeader(dst Fields, h http.Header) Fields {
 	for k, vv := range h {
 		for _, v := range vv {
 			dst = append(dst, Field{k, v})

@@ -24,7 +24,7 @@ import (
 type head struct {
 	method, target string
 	url            *url.URL
-	header         http.Header
+	fields         Fields // without Host, which is host
 	host           string
 	contentLength  int64
 	close          bool // the client asked for the connection to be closed
@@ -126,18 +126,18 @@ func common[K string | []byte](k K) int {
 const maxHeaderLines = 256
 
 // parseHead parses a request head: block is the head as one string,
-// through the blank line that ends it. ok is false when the request is not
-// of the fast shape, or is malformed: net/http is to answer it.
-func parseHead(block string) (h head, ok bool) {
+// through the blank line that ends it; its fields are appended to dst.
+// ok is false when the request is not of the fast shape, or is malformed:
+// net/http is to answer it.
+func parseHead(block string, dst Fields) (h head, ok bool) {
 	line, rest, _ := strings.Cut(block, "\r\n")
 	if h, ok = parseRequestLine(line); !ok {
 		return head{}, false
 	}
-	// As net/http's server: the Host header is Request.Host, not in
-	// Request.Header (so it is kept out of the map: one entry fewer, and
-	// the 8 a map holds without a table are 8 fields besides it).
+	// As net/http's server: the Host header is Request.Host, not a field
+	// of Request.Header.
 	var f fieldSet
-	if h.header, f, ok = parseFields(rest, true); !ok {
+	if h.fields, f, ok = appendFields(dst, rest, true); !ok {
 		return head{}, false
 	}
 	if f.has(keyTransferEncoding) || f.has(keyExpect) || f.has(keyUpgrade) {
@@ -149,28 +149,26 @@ func parseHead(block string) (h head, ok bool) {
 	}
 	h.host = f.host
 	if f.has(keyContentLength) {
-		if h.contentLength, ok = parseContentLength(h.header["Content-Length"]); !ok {
+		if h.fields.Count("Content-Length") != 1 {
+			return head{}, false // a repeated field is net/http's, which accepts equal copies
+		}
+		if h.contentLength, ok = parseContentLength(h.fields.Get("Content-Length")); !ok {
 			return head{}, false
 		}
 	}
 	if f.has(keyConnection) {
-		h.close = httpguts.HeaderValuesContainsToken(h.header["Connection"], "close")
+		h.close = h.fields.containsToken("Connection", "close")
 	}
 	// As net/http's ReadRequest: HTTP/1.0's "Pragma: no-cache" means
 	// "Cache-Control: no-cache" when the latter is absent.
-	if f.has(keyPragma) && !f.has(keyCacheControl) && h.header["Pragma"][0] == "no-cache" {
-		h.header["Cache-Control"] = []string{"no-cache"}
+	if f.has(keyPragma) && !f.has(keyCacheControl) && h.fields.Get("Pragma") == "no-cache" {
+		h.fields = append(h.fields, Field{"Cache-Control", "no-cache"})
 	}
 	return h, true
 }
 
-// parseContentLength parses a Content-Length field: one value, digits
-// only (a repeated field is left to net/http, which accepts equal copies).
-func parseContentLength(vv []string) (int64, bool) {
-	if len(vv) != 1 {
-		return 0, false
-	}
-	v := vv[0]
+// parseContentLength parses a Content-Length field's value: digits only.
+func parseContentLength(v string) (int64, bool) {
 	if v == "" || v[0] < '0' || v[0] > '9' {
 		return 0, false
 	}
@@ -180,61 +178,34 @@ func parseContentLength(vv []string) (int64, bool) {
 
 // ParseFields parses header fields: "Name: value" lines ended by CRLF,
 // through the blank line that ends them (rest of a head after its first
-// line). Keys are made canonical (without an allocation for a key already
-// canonical or commonly sent); values are trimmed substrings of fields, so
-// a value kept beyond its request keeps the whole head in memory:
-// strings.Clone what is stored.
+// line), into a map. Keys are made canonical (without an allocation for a
+// key already canonical or commonly sent); values are trimmed substrings of
+// fields, so a value kept beyond its request keeps the whole head in
+// memory: strings.Clone what is stored.
 // ok is false for anything RFC 9112 §5 lets a recipient reject: a name
 // that is not a token, a space before the colon, an obsolete line fold, a
 // value with control characters, a line not ended by CRLF; and for more
 // than maxHeaderLines fields. What follows the blank line is not read,
 // but its line ends count towards the limit.
 func ParseFields(fields string) (h http.Header, ok bool) {
-	h, _, ok = parseFields(fields, false)
-	return h, ok
-}
-
-// fieldSet is what parseFields tells of the fields besides their map.
-type fieldSet struct {
-	seen  uint64 // the common keys present, by index in commonKeys
-	host  string // with hostApart, the first Host field's value
-	hosts int    // with hostApart, the number of Host fields
-}
-
-// has reports whether the common key of index c is present.
-func (f *fieldSet) has(c int) bool { return f.seen&(1<<c) != 0 }
-
-// parseFields is ParseFields; with hostApart, the Host fields are not put
-// in the map, but told in the fieldSet.
-func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok bool) {
 	sc, n, ok := scanFields(fields)
 	if !ok {
-		return nil, fieldSet{}, false
+		return nil, false
 	}
-	hint := n
-	if hostApart && n > 0 {
-		hint-- // the one Host field of a request
-	}
-	h = make(http.Header, hint)
+	h = make(http.Header, n)
 	// One backing array for the values, as net/http's textproto does: a key
 	// seen once (almost every key) costs no slice allocation of its own.
 	values := make([]string, n)
+	var seen uint64 // the common keys seen, by index in commonKeys
 	for i := 0; ; i++ {
 		key, c, v, more := sc.next()
 		if !more {
-			return h, f, sc.ok
-		}
-		if c == keyHost && hostApart {
-			if f.hosts++; f.hosts == 1 {
-				f.host = v
-			}
-			f.seen |= 1 << c
-			continue
+			return h, sc.ok
 		}
 		// A common key seen for the first time is known to be new
 		// without a look-up in h.
-		if c >= 0 && !f.has(c) {
-			f.seen |= 1 << c
+		if c >= 0 && seen&(1<<c) == 0 {
+			seen |= 1 << c
 		} else if vv := h[key]; vv != nil {
 			h[key] = append(vv, v)
 			continue
@@ -244,10 +215,21 @@ func parseFields(fields string, hostApart bool) (h http.Header, f fieldSet, ok b
 	}
 }
 
+// fieldSet is what appendFields tells of the fields besides the list.
+type fieldSet struct {
+	seen  uint64 // the common keys present, by index in commonKeys
+	host  string // with hostApart, the first Host field's value
+	hosts int    // with hostApart, the number of Host fields
+}
+
+// has reports whether the common key of index c is present.
+func (f *fieldSet) has(c int) bool { return f.seen&(1<<c) != 0 }
+
 // appendFields parses fields as ParseFields does, into a list: their
 // fields are appended to dst, which is given room for all of them. The
-// fieldSet tells the common keys present (not Host apart).
-func appendFields(dst Fields, fields string) (Fields, fieldSet, bool) {
+// fieldSet tells the common keys present; with hostApart, the Host fields
+// are not appended but told in the fieldSet.
+func appendFields(dst Fields, fields string, hostApart bool) (Fields, fieldSet, bool) {
 	sc, n, ok := scanFields(fields)
 	if !ok {
 		return nil, fieldSet{}, false
@@ -261,6 +243,12 @@ func appendFields(dst Fields, fields string) (Fields, fieldSet, bool) {
 		}
 		if c >= 0 {
 			f.seen |= 1 << c
+		}
+		if c == keyHost && hostApart {
+			if f.hosts++; f.hosts == 1 {
+				f.host = v
+			}
+			continue
 		}
 		dst = append(dst, Field{key, v})
 	}

@@ -134,6 +134,33 @@ func AppendField(b []byte, name string, vv []string) []byte {
 	return b
 }
 
+// AppendFields appends the lines of a request's fields as AppendField
+// appends them, name by name: a User-Agent's first field only, nothing
+// when that is empty.
+func AppendFields(b []byte, f Fields) []byte {
+	userAgent := false
+	for _, fl := range f {
+		switch fl.Name {
+		case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+			continue // written by AppendRequestHead, or net/http's to write
+		case "User-Agent":
+			if userAgent {
+				continue
+			}
+			userAgent = true
+			if fl.Value == "" {
+				continue
+			}
+		default:
+			if !httpguts.ValidHeaderFieldName(fl.Name) {
+				continue
+			}
+		}
+		b = appendHeaderLine(b, fl.Name, fl.Value)
+	}
+	return b
+}
+
 // copyBody copies n bytes of body into bw's buffer, flushing it as it
 // fills (io.Copy would allocate a reader to limit it).
 func copyBody(bw *bufio.Writer, body io.Reader, n int64) error {

@@ -53,6 +53,21 @@ type Server struct {
 	stopBase func() bool
 }
 
+// FieldsHandler is a handler that reads a request's header as Fields. For
+// the requests Server serves itself, a FieldsHandler's ServeFields is
+// called instead of ServeHTTP, with the fields as they were parsed and no
+// map: r.Header is nil. Building the map and looking names up in it is
+// most of what a request head costs a proxy that reads a few fields and
+// writes the rest on. The list is the handler's to read and edit until
+// ServeFields returns; then the connection reuses it. Its strings stay
+// valid (they are substrings of the head): strings.Clone what is kept
+// long, so that a head is not kept whole. Requests handed to net/http
+// (h2c, the other shapes) reach ServeHTTP, with r.Header.
+type FieldsHandler interface {
+	http.Handler
+	ServeFields(w http.ResponseWriter, r *http.Request, f Fields)
+}
+
 // Wrap returns a Server that serves with std's Handler and the limits of
 // std: ReadHeaderTimeout (from a request's first byte to the end of its
 // head), IdleTimeout (between requests: an idle connection is closed

@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -733,5 +734,101 @@ func TestBaseContextCancelsRequests(t *testing.T) {
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	if got := answer(c, br); got != "true" {
 		t.Errorf("the request's context has not the base's deadline: %q", got)
+	}
+}
+
+// fieldsEcho is a FieldsHandler: it answers with the header it was given
+// (ServeFields: the list, in order; ServeHTTP: the map's names, sorted),
+// and whether r.Header was nil; on ServeFields it then edits the list,
+// which the connection's next request must not see.
+type fieldsEcho struct{}
+
+func (fieldsEcho) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var names []string
+	for k, vv := range r.Header {
+		names = append(names, k+"="+strings.Join(vv, ","))
+	}
+	slices.Sort(names)
+	fmt.Fprintf(w, "map %s", strings.Join(names, ";"))
+}
+
+func (fieldsEcho) ServeFields(w http.ResponseWriter, r *http.Request, f Fields) {
+	var lines []string
+	for _, fl := range f {
+		lines = append(lines, fl.Name+"="+fl.Value)
+	}
+	fmt.Fprintf(w, "fields %s header-nil=%v host=%s", strings.Join(lines, ";"), r.Header == nil, r.Host)
+	f = append(f, Field{"X-Added", "by the handler"}) // the list is the handler's until it returns
+	f.Set("X-Echo", "seen")
+	f.Del("X-Dup")
+}
+
+// A FieldsHandler gets the fields of the requests h1 serves as a list in
+// the order they came, without Host and without a map; what it does to
+// the list is gone at the connection's next request, whose fields are its
+// own; a head with more fields than keptFields is served as well, and the
+// requests handed to net/http reach ServeHTTP with their map.
+func TestFieldsHandler(t *testing.T) {
+	addr, _ := startH1(t, fieldsEcho{})
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	get := func(req string) string {
+		t.Helper()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got, want := get("GET /a HTTP/1.1\r\nx-dup: 1\r\nHost: h\r\nmcp-session-id: s1\r\nX-Dup: 2\r\n\r\n"),
+		"fields X-Dup=1;Mcp-Session-Id=s1;X-Dup=2 header-nil=true host=h"; got != want {
+		t.Errorf("first request: %q, want %q", got, want)
+	}
+	if got, want := get("GET /b HTTP/1.1\r\nHost: h\r\nAccept: */*\r\n\r\n"),
+		"fields Accept=*/* header-nil=true host=h"; got != want {
+		t.Errorf("second request on the connection: %q, want %q", got, want)
+	}
+	var many strings.Builder
+	var want []string
+	for i := range keptFields + 8 {
+		fmt.Fprintf(&many, "X-F%d: %d\r\n", i, i)
+		want = append(want, fmt.Sprintf("X-F%d=%d", i, i))
+	}
+	if got := get("GET /c HTTP/1.1\r\nHost: h\r\n" + many.String() + "\r\n"); got != "fields "+strings.Join(want, ";")+" header-nil=true host=h" {
+		t.Errorf("a head of %d fields: %q", keptFields+8, got)
+	}
+	if got, want := get("GET /d HTTP/1.1\r\nHost: h\r\nPragma: no-cache\r\n\r\n"),
+		"fields Pragma=no-cache;Cache-Control=no-cache header-nil=true host=h"; got != want {
+		t.Errorf("after it: %q, want %q", got, want)
+	}
+	if got, want := get("POST /e HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n0\r\n\r\n"),
+		"map X-A=1"; got != want {
+		t.Errorf("a request handed to net/http: %q, want %q", got, want)
+	}
+}
+
+// A connection's list of fields holds no head between requests, and no
+// more room than keptFields.
+func TestReleaseFields(t *testing.T) {
+	c := &conn{fields: make(Fields, 3, keptFields)}
+	c.fields[0] = Field{"A", "head"}
+	grown := append(c.fields, Field{"B", "added by a handler"})
+	c.releaseFields()
+	if len(c.fields) != 0 || cap(c.fields) != keptFields {
+		t.Fatalf("list after a request: len %d cap %d, want 0 and %d", len(c.fields), cap(c.fields), keptFields)
+	}
+	for i, f := range grown {
+		if f != (Field{}) {
+			t.Errorf("field %d still %+v", i, f)
+		}
+	}
+	c.fields = make(Fields, 0, keptFields+1)
+	c.releaseFields()
+	if c.fields != nil {
+		t.Errorf("a list of %d kept", cap(c.fields))
 	}
 }
