@@ -33,10 +33,10 @@ func TestFollowUpAllocations(t *testing.T) {
 	ctx := context.Background()
 	canned := cannedTransport{sid: "bench-session"}
 	harness := func() {
-		w, r := cannedFollowUp(ctx)
+		w, r, f := cannedFollowUp(ctx)
 		resp, _ := canned.RoundTrip(r) // reads the request's body, as tether does
 		io.Copy(io.Discard, resp.Body)
-		sink, sink = w, resp
+		sink, sink, sink = w, resp, f
 	}
 	base := testing.AllocsPerRun(1000, harness)
 	total := testing.AllocsPerRun(1000, serve)
@@ -75,9 +75,9 @@ func TestFollowUpAllocationsDirect(t *testing.T) {
 	serve := cannedProxyAt(t, proxy.Config{Transport: transport}, "http://"+backend, true)
 	ctx := context.Background()
 	harness := func() {
-		w, r := cannedFollowUp(ctx)
+		w, r, f := cannedFollowUp(ctx)
 		io.Copy(io.Discard, r.Body) // read, as tether does
-		sink, sink = w, r
+		sink, sink, sink = w, r, f
 	}
 	serve() // dials
 	base := testing.AllocsPerRun(1000, harness)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/session"
@@ -138,9 +139,9 @@ func cannedProxyAt(tb testing.TB, cfg proxy.Config, backend string, adopt bool) 
 		tb.Fatal("session not recorded:", err)
 	}
 	return func() {
-		w, r := cannedFollowUp(ctx)
+		w, r, f := cannedFollowUp(ctx)
 		w.adopt = adopt
-		p.ServeHTTP(w, r)
+		p.ServeFields(w, r, f)
 	}
 }
 
@@ -149,20 +150,21 @@ var (
 	cannedTarget, _ = url.Parse("http://127.0.0.1:7480/mcp")
 )
 
-// cannedFollowUp is a follow-up request on the canned session, and a writer
-// for its answer.
-func cannedFollowUp(ctx context.Context) (*discardWriter, *http.Request) {
+// cannedFollowUp is a follow-up request on the canned session, its header
+// as the list h1 serves it with (r.Header is nil: ServeFields), and a
+// writer for its answer.
+func cannedFollowUp(ctx context.Context) (*discardWriter, *http.Request, h1.Fields) {
 	// Built by hand: httptest.NewRequest parses text and would dominate.
 	r := &http.Request{
 		Method: http.MethodPost, URL: cannedTarget, Host: cannedTarget.Host, RequestURI: "/mcp",
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, RemoteAddr: "127.0.0.1:5000",
-		Header: http.Header{
-			"Mcp-Session-Id":       {"bench-session"},
-			"Mcp-Protocol-Version": {"2025-06-18"},
-			"Content-Type":         {"application/json"},
-			"Accept":               {"application/json, text/event-stream"},
-		},
 		Body: io.NopCloser(bytes.NewReader(cannedBody)), ContentLength: int64(len(cannedBody)),
 	}
-	return &discardWriter{h: http.Header{}}, r.WithContext(ctx)
+	f := h1.Fields{
+		{Name: "Mcp-Session-Id", Value: "bench-session"},
+		{Name: "Mcp-Protocol-Version", Value: "2025-06-18"},
+		{Name: "Content-Type", Value: "application/json"},
+		{Name: "Accept", Value: "application/json, text/event-stream"},
+	}
+	return &discardWriter{h: http.Header{}}, r.WithContext(ctx), f
 }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // MCP Streamable HTTP headers.
@@ -115,18 +117,18 @@ var (
 // refusing more than maxBody bytes: an oversized Content-Length is refused
 // before a byte of the body is read. The body's buffer is reserved from
 // budget (nil: unbounded) as it grows; see readBody.
-func classify(r *http.Request, maxBody int64, budget *byteBudget) (classification, *requestError) {
+func classify(r *http.Request, h h1.Fields, maxBody int64, budget *byteBudget) (classification, *requestError) {
 	var c classification
-	c.ProtocolVersion = r.Header.Get(headerProtocolVersion)
+	c.ProtocolVersion = h.Get(headerProtocolVersion)
 	// An empty header counts as none (some proxies send one); two values,
 	// or one that is not 1..256 visible ASCII characters, are refused.
-	if vs := r.Header.Values(headerSessionID); len(vs) > 1 {
+	if n := h.Count(headerSessionID); n > 1 {
 		return c, errBadSessionID
-	} else if len(vs) == 1 && vs[0] != "" {
-		if !validSessionID(vs[0]) {
+	} else if v := h.Get(headerSessionID); n == 1 && v != "" {
+		if !validSessionID(v) {
 			return c, errBadSessionID
 		}
-		c.SessionID = vs[0]
+		c.SessionID = v
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -170,7 +172,7 @@ func classify(r *http.Request, maxBody int64, budget *byteBudget) (classificatio
 	if c.Era == eraModern {
 		// Checked before anything routes on these headers
 		// (streamable-http.mdx, "Server Validation").
-		if rerr := validateModern(r.Header, &c, c.Params); rerr != nil {
+		if rerr := validateModern(h, &c, c.Params); rerr != nil {
 			return c, rerr
 		}
 	}

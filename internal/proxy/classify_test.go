@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 func TestClassify(t *testing.T) {
@@ -80,7 +82,7 @@ func TestClassify(t *testing.T) {
 			if tt.sid != "" {
 				r.Header.Set("Mcp-Session-Id", tt.sid)
 			}
-			c, rerr := classify(r, 1<<20, nil)
+			c, rerr := classify(r, h1.AppendHeader(nil, r.Header), 1<<20, nil)
 			var got result
 			if rerr != nil {
 				got.Status = rerr.status
@@ -115,7 +117,7 @@ func TestClassifyBodyLimit(t *testing.T) {
 			if tt.chunked {
 				r.ContentLength = -1
 			}
-			_, rerr := classify(r, tt.limit, nil)
+			_, rerr := classify(r, h1.AppendHeader(nil, r.Header), tt.limit, nil)
 			got := 0
 			if rerr != nil {
 				got = rerr.status
@@ -131,7 +133,7 @@ func TestClassifyDuplicateSessionHeader(t *testing.T) {
 	r := httptest.NewRequest("GET", "/mcp", nil)
 	r.Header.Add("Mcp-Session-Id", "a")
 	r.Header.Add("Mcp-Session-Id", "b")
-	if _, rerr := classify(r, 1024, nil); rerr == nil || rerr.status != 400 {
+	if _, rerr := classify(r, h1.AppendHeader(nil, r.Header), 1024, nil); rerr == nil || rerr.status != 400 {
 		t.Errorf("two session ids accepted: %v", rerr)
 	}
 }
@@ -151,7 +153,7 @@ func FuzzClassify(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
-		c, rerr := classify(r, 1<<16, nil)
+		c, rerr := classify(r, h1.AppendHeader(nil, r.Header), 1<<16, nil)
 		if rerr != nil {
 			if rerr.status != http.StatusBadRequest && rerr.status != http.StatusRequestEntityTooLarge {
 				t.Fatalf("status %d", rerr.status)

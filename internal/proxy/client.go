@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -227,7 +228,9 @@ func (r request) idempotent() bool {
 		return true
 	}
 	if d := r.direct; d != nil {
-		return d.has("Idempotency-Key") || d.has("X-Idempotency-Key")
+		return slices.ContainsFunc(d.fields, func(f h1.Field) bool {
+			return f.Name == "Idempotency-Key" || f.Name == "X-Idempotency-Key"
+		})
 	}
 	_, a := r.req.Header["Idempotency-Key"]
 	_, b := r.req.Header["X-Idempotency-Key"]

@@ -522,10 +522,11 @@ func TestClientResendsDirectRequest(t *testing.T) {
 			"X-Hop":           {"must not pass"},
 			"Connection":      {connection},
 		}
-		r := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "front:8080", Header: h}).WithContext(context.Background())
+		r := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "front:8080"}).WithContext(context.Background())
 		x := &exchange{
 			ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: b.addr}},
 			route: routeSticky, rec: &session.Record{ClientSID: "sid-client"}, backendSID: "sid-backend",
+			header: fieldsOf(h),
 		}
 		x.class.Body = []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`)
 		for i := range 2 {

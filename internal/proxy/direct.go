@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -14,13 +16,10 @@ import (
 	"github.com/tether-mcp/tether/internal/h1"
 )
 
-// A direct request is an attempt's request as tether's own client writes
-// it: straight from the client's request, whose header is filtered and
-// amended as the head is written. outgoingRequest builds the same request
-// as an *http.Request with a header map of its own, for any other
-// transport; that costs a map, the request, and its copy with a context,
-// all read once by the writer and dropped. TestDirectRequestAsOutgoing
-// pins the two together.
+// The backend's request header is built once per attempt as a list of
+// fields (outgoingFields), from the client's list: tether's own client
+// writes the list as it is (a direct request, below); any other transport
+// gets it as the map of an *http.Request (outgoingRequest).
 //
 // An exchange keeps one direct request and rewrites it for each attempt.
 // No earlier attempt can still read it: tether's client writes a request
@@ -30,41 +29,17 @@ import (
 
 // directRequest is the request of one attempt on tether's own client.
 type directRequest struct {
-	r    *http.Request // the client's: method, Host, header, context
-	url  url.URL       // where it goes
-	addr string        // url's host:port, to dial
-	host string        // the Host field
-	body []byte        // classify's; nil when there is none
+	r      *http.Request // the client's: method and context
+	url    url.URL       // where it goes
+	addr   string        // url's host:port, to dial
+	host   string        // the Host field
+	body   []byte        // classify's; nil when there is none
+	fields h1.Fields     // the header, outgoingFields'
 
-	// What tether changes in the client's header (outgoingRequest):
-	// connection holds the client's Connection header, whose tokens name
-	// more fields to drop; te is set when the client accepts trailers
-	// ("Te: trailers"); trace is the trace context Inject sets; sid and
-	// eventID are the session id the backend knows and the Last-Event-ID
-	// for it.
-	connection []string
-	te         bool
-	trace      traceFields
-	sid        fieldEdit
-	eventID    fieldEdit
+	// room is fields' array for the usual request, in the exchange: no
+	// allocation of its own.
+	room [12]h1.Field
 }
-
-// fieldEdit is what a direct request does with a field tether may set:
-// keep the client's, drop it, or send a value of its own.
-type fieldEdit struct {
-	op    fieldOp
-	value [1]string // the value set, as a value list without an allocation
-}
-
-type fieldOp uint8
-
-const (
-	fieldKeep   fieldOp = iota // as the client sent it
-	fieldDelete                // not sent
-	fieldSet                   // sent with value
-)
-
-func (f *fieldEdit) set(v string) { f.op, f.value[0] = fieldSet, v }
 
 // directRequest prepares x's direct request for the current attempt, or
 // returns nil when the attempt must take outgoingRequest's path: the
@@ -88,25 +63,8 @@ func (p *Proxy) directRequest(r *http.Request, x *exchange) *directRequest {
 	d.r = r
 	d.addr = dialAddr(d.url.Host)
 	d.body = x.class.Body
-	d.connection = r.Header["Connection"]
-	d.te = headerValuesContainToken(r.Header["Te"], "trailers")
-	d.trace.d, d.trace.fields = d, d.trace.fields[:0]
-	d.sid, d.eventID = fieldEdit{}, fieldEdit{}
-	if x.span != nil {
-		// The backend's spans become children of this request's span.
-		p.propagator.Inject(r.Context(), &d.trace)
-	}
-	switch x.route {
-	case routeNew, routeStateless:
-		d.sid.op = fieldDelete
-	default:
-		d.sid.set(x.backendSID)
-		if id, ok := backendEventID(r.Header.Get(headerLastEventID), x.rec.Reinits); ok {
-			d.eventID.set(id)
-		} else {
-			d.eventID.op = fieldDelete
-		}
-	}
+	d.fields = d.room[:0]
+	p.outgoingFields(r.Context(), &d.fields, x)
 	return d
 }
 
@@ -122,7 +80,7 @@ func dialAddr(host string) string {
 // outgoingRequest builds.
 func (d *directRequest) write(bw *bufio.Writer) error {
 	b := h1.AppendRequestHead(bw.AvailableBuffer(), d.r.Method, &d.url, d.host, int64(len(d.body)))
-	d.fields(func(name string, vv []string) { b = h1.AppendField(b, name, vv) })
+	b = h1.AppendFields(b, d.fields)
 	b = append(b, "\r\n"...)
 	if _, err := bw.Write(b); err != nil {
 		return err
@@ -131,115 +89,66 @@ func (d *directRequest) write(bw *bufio.Writer) error {
 	return err
 }
 
-// Names fields yields after the client's, when the client did not send them.
-const (
-	sentTe = 1 << iota
-	sentSessionID
-	sentEventID
-	sentUserAgent
-)
-
-// fields calls yield for each field of the request's header, with its
-// values: the header outgoingRequest builds, one name at a time.
-func (d *directRequest) fields(yield func(name string, vv []string)) {
-	var sent uint8
-	for k, vv := range d.r.Header {
-		switch k {
+// outgoingFields appends to *dst the header of the current attempt's
+// request (a pointer: the propagator's carrier points at it, and a
+// variable of the caller's moves to the heap no more than it already is): the client's fields (x.header) without the hop-by-hop ones,
+// those the client's Connection fields name and Content-Length (every
+// writer frames the body itself); "Te: trailers" when the client accepts
+// trailers; the trace context of the request's span; and the session id
+// the backend knows, with the Last-Event-ID for it.
+func (p *Proxy) outgoingFields(ctx context.Context, out *h1.Fields, x *exchange) {
+	in := x.header
+	dst := *out
+	connection, te := false, false
+	for _, f := range in {
+		switch f.Name {
+		case "Connection":
+			connection = true
 		case "Te":
-			sent |= sentTe
-		case headerSessionID:
-			sent |= sentSessionID
-		case headerLastEventID:
-			sent |= sentEventID
-		case "User-Agent":
-			sent |= sentUserAgent
-		}
-		if vv, ok := d.value(k, vv, true); ok {
-			yield(k, vv)
+			// Backends that support trailers are told tether does, when
+			// the client said it does (as net/http/httputil does,
+			// golang/go#21096).
+			te = te || containsToken(f.Value, "trailers")
 		}
 	}
-	for _, f := range d.trace.fields {
-		if _, ok := d.r.Header[f.name]; !ok {
-			if vv, ok := d.value(f.name, nil, false); ok {
-				yield(f.name, vv)
-			}
-		}
-	}
-	for _, n := range [...]struct {
-		bit  uint8
-		name string
-	}{{sentTe, "Te"}, {sentSessionID, headerSessionID}, {sentEventID, headerLastEventID}, {sentUserAgent, "User-Agent"}} {
-		if sent&n.bit != 0 || d.trace.find(n.name) != nil {
+	for _, f := range in {
+		if isHopHeader(f.Name) || f.Name == "Content-Length" {
 			continue
 		}
-		if vv, ok := d.value(n.name, nil, false); ok {
-			yield(n.name, vv)
+		// A sidecar is transparent: what the proxy in front said about the
+		// original client is kept, even where a Connection field names
+		// it, and no hop of tether's own is added.
+		if connection && !isForwardingHeader(f.Name) && connectionNames(in, f.Name) {
+			continue
+		}
+		dst = append(dst, f)
+	}
+	if te {
+		dst = append(dst, h1.Field{Name: "Te", Value: "trailers"})
+	}
+	*out = dst
+	if x.span != nil {
+		// The backend's spans become children of this request's span.
+		p.propagator.Inject(ctx, fieldsCarrier{out})
+	}
+	switch x.route {
+	case routeNew, routeStateless:
+		out.Del(headerSessionID)
+	default:
+		out.Set(headerSessionID, x.backendSID)
+		if id, ok := backendEventID(in.Get(headerLastEventID), x.rec.Reinits); ok {
+			out.Set(headerLastEventID, id)
+		} else {
+			out.Del(headerLastEventID)
 		}
 	}
 }
 
-// value is the field name of the request's header: in its values and
-// sent, the client's field of that name.
-func (d *directRequest) value(name string, in []string, sent bool) ([]string, bool) {
-	// The order of outgoingRequest's steps, last first.
-	switch name {
-	case headerSessionID:
-		return d.sid.value[:], d.sid.op == fieldSet
-	case headerLastEventID:
-		if d.eventID.op != fieldKeep {
-			return d.eventID.value[:], d.eventID.op == fieldSet
-		}
-	}
-	if f := d.trace.find(name); f != nil {
-		return f.values, true
-	}
-	vv, ok := d.filtered(name, in, sent)
-	if !ok && name == "User-Agent" {
-		// Without one the writer would send Go's own.
-		return emptyValue, true
-	}
-	return vv, ok
-}
-
-// filtered is the field name of outgoingHeader's map, and with the body
-// taken out of it: the client's field of that name (in, sent) unless it
-// is hop-by-hop, named by the Connection header, or Content-Length; the
-// forwarding headers kept; "Te: trailers" when the client accepts them.
-func (d *directRequest) filtered(name string, in []string, sent bool) ([]string, bool) {
-	if name == "Te" {
-		return teTrailers, d.te
-	}
-	if !sent || isHopHeader(name) || name == "Content-Length" && d.body != nil {
-		return nil, false
-	}
-	if d.connection != nil && connectionNames(d.connection, name) && !isForwardingHeader(name) {
-		return nil, false
-	}
-	return in, true
-}
-
-// teTrailers is "Te: trailers" as a value list (shared, never written).
-var teTrailers = []string{"trailers"}
-
-// header is the request's header as a map: outgoingRequest's.
-func (d *directRequest) header() http.Header {
-	h := make(http.Header, len(d.r.Header)+1)
-	d.fields(func(name string, vv []string) { h[name] = vv })
-	return h
-}
-
-// has reports whether the request carries a field name.
-func (d *directRequest) has(name string) bool {
-	_, ok := d.value(name, d.r.Header[name], hasKey(d.r.Header, name))
-	return ok
-}
-
-func hasKey(h http.Header, name string) bool {
-	_, ok := h[name]
-	return ok
-}
-
-// isHopHeader reports one of hopHeaders.
+// isHopHeader reports a hop-by-hop field (RFC 9110 7.6.1, and the older
+// ones of RFC 2616 13.5.1 that clients still send: Proxy-Connection, sent by
+// libcurl, Keep-Alive): they concern one connection and are never
+// forwarded, in either direction. Trailer is the announcement; trailers
+// themselves are relayed.
 func isHopHeader(name string) bool {
 	switch name {
 	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
@@ -257,12 +166,26 @@ func isForwardingHeader(name string) bool {
 	return false
 }
 
-// connectionNames reports whether the Connection header values vv name the
-// field key: whether one of their tokens is key once made canonical, as
-// removeHopByHopHeaders's Header.Del makes it.
-func connectionNames(vv []string, key string) bool {
-	for _, v := range vv {
-		for tok := range strings.SplitSeq(v, ",") {
+// containsToken reports whether a comma-separated field value holds
+// token, case-insensitively.
+func containsToken(v, token string) bool {
+	for t := range strings.SplitSeq(v, ",") {
+		if strings.EqualFold(textproto.TrimString(t), token) {
+			return true
+		}
+	}
+	return false
+}
+
+// connectionNames reports whether the Connection fields of f name the
+// field key (canonical): whether one of their tokens is key once made
+// canonical, as http.Header.Del makes it.
+func connectionNames(f h1.Fields, key string) bool {
+	for _, fl := range f {
+		if fl.Name != "Connection" {
+			continue
+		}
+		for tok := range strings.SplitSeq(fl.Value, ",") {
 			if tok = textproto.TrimString(tok); tok != "" && canonicalIs(tok, key) {
 				return true
 			}
@@ -300,67 +223,33 @@ func canonicalIs(s, key string) bool {
 	return true
 }
 
-// traceFields is the carrier the propagator injects a direct request's
-// trace context into: as propagation.HeaderCarrier over outgoingHeader's
-// map at that step, whose fields it reads and in which it sets its own.
-type traceFields struct {
-	d      *directRequest
-	fields []traceField
-}
+// fieldsCarrier is a list of fields as the carrier of a propagator, as
+// propagation.HeaderCarrier is a map: names made canonical, Set replaces
+// every field of the name.
+type fieldsCarrier struct{ f *h1.Fields }
 
-type traceField struct {
-	name   string
-	values []string
-}
+var (
+	_ propagation.TextMapCarrier = fieldsCarrier{}
+	_ propagation.ValuesGetter   = fieldsCarrier{}
+)
 
-var _ propagation.TextMapCarrier = (*traceFields)(nil)
+// Get returns the value of the first field named key.
+func (c fieldsCarrier) Get(key string) string { return c.f.Get(key) }
 
-func (t *traceFields) find(name string) *traceField {
-	for i := range t.fields {
-		if t.fields[i].name == name {
-			return &t.fields[i]
+// Values returns the values of the fields named key (the baggage
+// propagator reads every baggage field).
+func (c fieldsCarrier) Values(key string) []string { return c.f.Values(key) }
+
+// Set makes value the only value of key.
+func (c fieldsCarrier) Set(key, value string) { c.f.Set(key, value) }
+
+// Keys lists the names of the fields, each once.
+func (c fieldsCarrier) Keys() []string {
+	keys := make([]string, 0, len(*c.f))
+	for _, f := range *c.f {
+		if !slices.Contains(keys, f.Name) {
+			keys = append(keys, f.Name)
 		}
-	}
-	return nil
-}
-
-// Get returns the first value of the field key, as http.Header.Get.
-func (t *traceFields) Get(key string) string {
-	key = http.CanonicalHeaderKey(key)
-	if f := t.find(key); f != nil {
-		return f.values[0]
-	}
-	vv, ok := t.d.filtered(key, t.d.r.Header[key], hasKey(t.d.r.Header, key))
-	if !ok || len(vv) == 0 {
-		return ""
-	}
-	return vv[0]
-}
-
-// Set sets the field key to value, as http.Header.Set.
-func (t *traceFields) Set(key, value string) {
-	key = http.CanonicalHeaderKey(key)
-	if f := t.find(key); f != nil {
-		f.values = []string{value}
-		return
-	}
-	t.fields = append(t.fields, traceField{name: key, values: []string{value}})
-}
-
-// Keys lists the fields, as propagation.HeaderCarrier does.
-func (t *traceFields) Keys() []string {
-	var keys []string
-	d := t.d
-	for k, vv := range d.r.Header {
-		if _, ok := d.filtered(k, vv, true); ok && t.find(k) == nil {
-			keys = append(keys, k)
-		}
-	}
-	if _, ok := d.r.Header["Te"]; !ok && d.te && t.find("Te") == nil {
-		keys = append(keys, "Te")
-	}
-	for _, f := range t.fields {
-		keys = append(keys, f.name)
 	}
 	return keys
 }

@@ -22,12 +22,15 @@ import (
 	"github.com/tether-mcp/tether/internal/session"
 )
 
-// TestDirectRequestAsOutgoing pins the direct request (direct.go) to
+// TestDirectRequestAsOutgoing pins the backend's request header
+// (outgoingFields) to a reference built on a header map, as tether built it
+// before request headers were lists, and the direct request (direct.go) to
 // outgoingRequest, for a table of client headers, every route, bodies and
-// tracing: what tether's client writes for it reads back as what net/http's
-// Request.Write writes for outgoingRequest's request; its header, as a map,
-// is outgoingRequest's map exactly (an empty User-Agent included, which no
-// wire shows); and the client's idempotency check sees the same header.
+// tracing: outgoingRequest's map is the reference's exactly (an empty
+// User-Agent included, which no wire shows); what tether's client writes
+// for the direct request reads back as what net/http's Request.Write writes
+// for outgoingRequest's request; and the client's idempotency check sees
+// the same header.
 func TestDirectRequestAsOutgoing(t *testing.T) {
 	headers := []struct {
 		name string
@@ -140,10 +143,10 @@ func TestDirectRequestAsOutgoing(t *testing.T) {
 					}
 					p := &Proxy{direct: newClient(nil), propagator: tc.prop}
 					r := (&http.Request{
-						Method: bc.method, URL: target, Host: "mcp.example:8080", Header: hc.h,
+						Method: bc.method, URL: target, Host: "mcp.example:8080",
 						Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 					}).WithContext(tc.ctx)
-					x := &exchange{ep: ep, route: rc.route, rec: rc.rec, backendSID: rc.backendSID}
+					x := &exchange{ep: ep, route: rc.route, rec: rc.rec, backendSID: rc.backendSID, header: fieldsOf(hc.h)}
 					x.class.Body = bc.body
 					if tc.prop != nil {
 						x.span = trace.SpanFromContext(tc.ctx)
@@ -157,19 +160,21 @@ func TestDirectRequestAsOutgoing(t *testing.T) {
 
 func checkDirectAsOutgoing(t *testing.T, name string, p *Proxy, r *http.Request, x *exchange) {
 	t.Helper()
-	before := r.Header.Clone()
-	out := p.outgoingRequest(r, x)
+	before := slices.Clone(x.header)
+	want := referenceOutgoingHeader(r.Context(), p.propagator, x)
+	out, fields := p.outgoingRequest(r, x)
+	if !reflect.DeepEqual(out.Header, want) {
+		t.Errorf("%s: outgoingRequest's header\n%v\nthe reference's\n%v", name, out.Header, want)
+	}
 	d := p.directRequest(r, x)
 	if d == nil {
 		t.Fatalf("%s: no direct request", name)
 	}
-	if got, want := d.header(), out.Header; !reflect.DeepEqual(got, want) {
-		t.Errorf("%s: direct header\n%v\noutgoingRequest's\n%v", name, got, want)
+	if !reflect.DeepEqual(d.fields, fields) {
+		t.Errorf("%s: direct request's fields\n%v\noutgoingRequest's\n%v", name, d.fields, fields)
 	}
-	for _, k := range []string{"Idempotency-Key", "X-Idempotency-Key", "User-Agent", "Mcp-Session-Id", "Last-Event-Id", "Te", "Connection", "Content-Length"} {
-		if _, want := out.Header[k]; d.has(k) != want {
-			t.Errorf("%s: direct request has %s: %v, want %v", name, k, d.has(k), want)
-		}
+	if got, want := (request{direct: d}).idempotent(), (request{req: out}).idempotent(); got != want {
+		t.Errorf("%s: direct request idempotent: %v, outgoingRequest's %v", name, got, want)
 	}
 
 	var direct bytes.Buffer
@@ -203,9 +208,69 @@ func checkDirectAsOutgoing(t *testing.T, name string, p *Proxy, r *http.Request,
 		t.Errorf("%s: direct request\n%q\nreads as %+v\nh1.WriteRequest of outgoingRequest's\n%q\nreads as %+v",
 			name, direct.String(), got, viaH1.String(), want)
 	}
-	if !reflect.DeepEqual(r.Header, before) {
-		t.Errorf("%s: the client's header changed: %v, was %v", name, r.Header, before)
+	if !reflect.DeepEqual(x.header, before) {
+		t.Errorf("%s: the client's header changed: %v, was %v", name, x.header, before)
 	}
+}
+
+// referenceOutgoingHeader is the backend's request header as a map, built
+// the way tether built it on the client's header map: the map copied; the
+// fields the Connection header names removed (made canonical), then the
+// hop-by-hop ones; "Te: trailers" when a Te value holds the token; the
+// forwarding fields put back as the client sent them; Content-Length
+// removed (the writers frame the body); the trace context injected; the
+// session id and Last-Event-ID of the route; an empty User-Agent when
+// there is none.
+func referenceOutgoingHeader(ctx context.Context, prop propagation.TextMapPropagator, x *exchange) http.Header {
+	in := x.header.Header()
+	h := in.Clone()
+	for _, v := range in["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = textproto.TrimString(tok); tok != "" {
+				h.Del(tok)
+			}
+		}
+	}
+	for _, name := range []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
+		delete(h, name)
+	}
+	for _, v := range in["Te"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(tok), "trailers") {
+				h.Set("Te", "trailers")
+			}
+		}
+	}
+	for _, name := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v, ok := in[name]; ok {
+			h[name] = v
+		}
+	}
+	h.Del("Content-Length")
+	if x.span != nil {
+		prop.Inject(ctx, propagation.HeaderCarrier(h))
+	}
+	switch x.route {
+	case routeNew, routeStateless:
+		h.Del(headerSessionID)
+	default:
+		h.Set(headerSessionID, x.backendSID)
+		if id, ok := backendEventID(in.Get(headerLastEventID), x.rec.Reinits); ok {
+			h.Set(headerLastEventID, id)
+		} else {
+			h.Del(headerLastEventID)
+		}
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""}
+	}
+	for k, vv := range h {
+		if len(vv) == 0 {
+			delete(h, k) // a name without values is no field of a list
+		}
+	}
+	return h
 }
 
 type writtenRequest struct {
@@ -295,11 +360,12 @@ func FuzzCanonicalIs(f *testing.F) {
 	})
 }
 
-// isHopHeader and hopHeaders name the same fields; removeHopByHopHeaders
-// removes them, and those the Connection header names, from a header
-// shorter than the list as from a longer one.
-func TestRemoveHopByHopHeaders(t *testing.T) {
-	for _, k := range hopHeaders {
+// removeHopByHopFields removes an answer's hop-by-hop fields and those its
+// Connection fields name, as http.Header.Del removes a named field.
+func TestRemoveHopByHopFields(t *testing.T) {
+	hop := []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+	for _, k := range hop {
 		if !isHopHeader(k) {
 			t.Errorf("isHopHeader(%q) = false", k)
 		}
@@ -317,7 +383,7 @@ func TestRemoveHopByHopHeaders(t *testing.T) {
 				}
 			}
 		}
-		for _, f := range hopHeaders {
+		for _, f := range hop {
 			delete(h, f)
 		}
 	}
@@ -328,14 +394,14 @@ func TestRemoveHopByHopHeaders(t *testing.T) {
 		{"Keep-Alive": {"1"}, "Te": {"t"}, "Upgrade": {"u"}, "Proxy-Authenticate": {"p"}, "Proxy-Authorization": {"p"}, "Proxy-Connection": {"p"}},
 		{
 			"A": {"1"}, "B": {"1"}, "C": {"1"}, "D": {"1"}, "E": {"1"}, "F": {"1"}, "G": {"1"}, "H": {"1"}, "I": {"1"},
-			"Connection": {"a, b"}, "Keep-Alive": {"1"}, "Upgrade": {"x"},
+			"Connection": {"a, b", "c"}, "Keep-Alive": {"1"}, "Upgrade": {"x"},
 		},
 	} {
-		got, want := h.Clone(), h.Clone()
-		removeHopByHopHeaders(got)
+		got, want := fieldsOf(h), h.Clone()
+		removeHopByHopFields(&got)
 		reference(want)
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("removeHopByHopHeaders(%v) = %v, want %v", h, got, want)
+		if got := got.Header(); !reflect.DeepEqual(got, want) {
+			t.Errorf("removeHopByHopFields(%v) = %v, want %v", h, got, want)
 		}
 	}
 }
@@ -346,16 +412,16 @@ func TestDirectRequestWriteAllocations(t *testing.T) {
 		t.Skip("allocation counts are not meaningful under the race detector")
 	}
 	p := &Proxy{direct: newClient(nil)}
-	r := &http.Request{
-		Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "tether", Header: http.Header{
-			"Content-Type": {"application/json"}, "Accept": {"application/json, text/event-stream"},
-			"Mcp-Session-Id": {"s"}, "Mcp-Protocol-Version": {"2025-06-18"}, "Content-Length": {"9"},
-		},
-	}
+	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "tether"}
 	r = r.WithContext(context.Background())
 	x := &exchange{
 		ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: "10.0.0.1:8080"}},
 		route: routeSticky, rec: &session.Record{ClientSID: "s"}, backendSID: "s",
+		header: h1.Fields{
+			{Name: "Content-Type", Value: "application/json"}, {Name: "Accept", Value: "application/json, text/event-stream"},
+			{Name: "Mcp-Session-Id", Value: "s"}, {Name: "Mcp-Protocol-Version", Value: "2025-06-18"},
+			{Name: "Content-Length", Value: "9"}, {Name: "User-Agent", Value: "client/1"},
+		},
 	}
 	x.class.Body = []byte(`{"id":22}`)
 	bw := bufio.NewWriter(io.Discard)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // MCP has two eras on one endpoint (docs/specification/2026-07-28/basic/
@@ -169,7 +171,7 @@ func quoted(s string) string {
 // affinityValue checks against the argument it is configured to carry:
 // which argument any other one mirrors is in the tool's inputSchema, which
 // only the backend has.
-func validateModern(h http.Header, c *classification, params []byte) *requestError {
+func validateModern(h h1.Fields, c *classification, params []byte) *requestError {
 	if c.Batch {
 		return errModernBatch
 	}
@@ -228,16 +230,15 @@ func validateModern(h http.Header, c *classification, params []byte) *requestErr
 // invalid characters"). Bytes above 0x7e (obs-text) pass: go-sdk v1.8.0
 // clients send a non-ASCII name raw rather than Base64-encoded, and RFC
 // 9110 still admits obs-text.
-func singleHeader(h http.Header, name string) (string, bool, *requestError) {
-	vs := h.Values(name)
-	switch len(vs) {
+func singleHeader(h h1.Fields, name string) (string, bool, *requestError) {
+	switch n := h.Count(name); n {
 	case 0:
 		return "", false, nil
 	case 1:
 	default:
-		return "", false, headerMismatch("Header mismatch: %s header sent %d times", name, len(vs))
+		return "", false, headerMismatch("Header mismatch: %s header sent %d times", name, n)
 	}
-	v := vs[0]
+	v := h.Get(name)
 	if v == "" {
 		return "", false, headerMismatch("Header mismatch: %s header is empty", name)
 	}
@@ -380,7 +381,7 @@ func methodLabel(method string) string {
 // differs from the argument, or names an argument the call lacks, is a
 // HeaderMismatch. Numbers and booleans travel as their JSON text
 // (SEP-2243); other argument types are never header values.
-func affinityValue(h http.Header, header, argument string, params []byte) (string, *requestError) {
+func affinityValue(h h1.Fields, header, argument string, params []byte) (string, *requestError) {
 	raw, present, rerr := singleHeader(h, header)
 	if rerr != nil || !present {
 		return "", rerr

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 func TestRequestEra(t *testing.T) {
@@ -110,7 +112,7 @@ func FuzzClassifyModern(f *testing.F) {
 		if name != "" {
 			r.Header.Set("Mcp-Name", name)
 		}
-		c, rerr := classify(r, 1<<16, nil)
+		c, rerr := classify(r, h1.AppendHeader(nil, r.Header), 1<<16, nil)
 		if rerr != nil {
 			if rerr.status != http.StatusBadRequest && rerr.status != http.StatusRequestEntityTooLarge {
 				t.Fatalf("status %d", rerr.status)

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"sync"
 
-	"go.opentelemetry.io/otel/propagation"
-
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
@@ -83,7 +81,7 @@ func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 		out.direct = d
 		resp, err = p.direct.forward(d)
 	} else {
-		out.req = p.outgoingRequest(r, x)
+		out.req, out.fields = p.outgoingRequest(r, x)
 		var std *http.Response
 		if std, err = p.transport.RoundTrip(out.req); err == nil {
 			// The header as fields, like tether's client's answers: one
@@ -120,25 +118,26 @@ var errUnaskedSwitch = errors.New("backend switched protocols without being aske
 type sentRequest struct {
 	req    *http.Request
 	direct *directRequest
+	fields h1.Fields // outgoingRequest's header as a list
 }
 
-// header is the header the backend got. A direct request has no map: it
-// is built (record's rare uses: a new session's principal, a task's).
-func (s sentRequest) header() http.Header {
+// header is the header the backend got (record's uses: a new session's
+// principal, a task's).
+func (s sentRequest) header() h1.Fields {
 	if s.direct != nil {
-		return s.direct.header()
+		return s.direct.fields
 	}
-	return s.req.Header
+	return s.fields
 }
 
 // outgoingRequest builds the request for the current attempt's backend:
-// the client's request, without hop-by-hop headers, with the session id the
-// backend knows, Host, Origin and the forwarding headers as the client sent
-// them, and the body read by classify. It is the request for a transport
-// other than tether's own client (h2c, an https backend, a
+// the client's request with outgoingFields' header, Host and Origin as the
+// client sent them, and the body read by classify. It is the request for
+// a transport other than tether's own client (h2c, an https backend, a
 // Config.Transport), and for what that client does not write itself;
 // directRequest is the same request without a map or a request of its own.
-func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
+// fields is its header as a list.
+func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) (out *http.Request, fields h1.Fields) {
 	o := &x.first
 	if x.attempts > 0 {
 		// An earlier attempt's request may still be read by the transport
@@ -150,8 +149,14 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 
 	setOutgoingURL(&o.url, ep.URL, r.URL)
 
-	h := outgoingHeader(r.Header)
-	out := &http.Request{
+	fields = make(h1.Fields, 0, len(x.header)+2)
+	p.outgoingFields(r.Context(), &fields, x)
+	h := fields.Header()
+	if _, ok := h["User-Agent"]; !ok {
+		// Without one the transport would send Go's own.
+		h["User-Agent"] = emptyValue
+	}
+	out = &http.Request{
 		Method:     r.Method,
 		URL:        &o.url,
 		Proto:      r.Proto,
@@ -175,30 +180,8 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) *http.Request {
 		// (client, retryUnread).
 		out.GetBody = x.getBody
 		out.ContentLength = int64(len(body))
-		h.Del("Content-Length") // the transport writes it from ContentLength
 	}
-
-	if x.span != nil {
-		// The backend's spans become children of this request's span.
-		p.propagator.Inject(r.Context(), propagation.HeaderCarrier(h))
-	}
-
-	switch x.route {
-	case routeNew, routeStateless:
-		h.Del(headerSessionID)
-	default:
-		setHeader(h, headerSessionID, x.backendSID)
-		if id, ok := backendEventID(r.Header.Get(headerLastEventID), x.rec.Reinits); ok {
-			setHeader(h, headerLastEventID, id)
-		} else {
-			h.Del(headerLastEventID)
-		}
-	}
-	if _, ok := h["User-Agent"]; !ok {
-		// Without one the transport would send Go's own.
-		h["User-Agent"] = emptyValue
-	}
-	return out.WithContext(r.Context())
+	return out.WithContext(r.Context()), fields
 }
 
 // setOutgoingURL sets u to the request URL in aimed at the backend base:
@@ -232,58 +215,8 @@ func (o *outgoing) Close() error               { return nil }
 // replaced, never written in place.
 var emptyValue = []string{""}
 
-// setHeader sets h[name] to v, keeping the slice it already has when that
-// holds exactly v (the common case: a session id the backend shares with the
-// client), which spares an allocation.
-func setHeader(h http.Header, name, v string) {
-	if cur := h[name]; len(cur) == 1 && cur[0] == v {
-		return
-	}
-	h[name] = []string{v}
-}
-
-var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
-
-// outgoingHeader is the client's header for the backend. The map is new;
-// the value lists are the client's, shared (no one writes into them).
-func outgoingHeader(in http.Header) http.Header {
-	h := make(http.Header, len(in)+1)
-	for k, vv := range in {
-		h[k] = vv
-	}
-	removeHopByHopHeaders(h)
-	// Backends that support trailers are told tether does, when the client
-	// said it does (as net/http/httputil does, golang/go#21096).
-	if headerValuesContainToken(in["Te"], "trailers") {
-		h.Set("Te", "trailers")
-	}
-	// A sidecar is transparent: what the proxy in front said about the
-	// original client is kept, even where a Connection header names it,
-	// and no hop of tether's own is added.
-	for _, name := range forwardingHeaders {
-		if v, ok := in[name]; ok {
-			h[name] = v
-		}
-	}
-	return h
-}
-
-// hopHeaders are the hop-by-hop headers (RFC 9110 7.6.1, and the older
-// ones of RFC 2616 13.5.1 that clients still send): they concern one
-// connection and are never forwarded, in either direction.
-var hopHeaders = []string{
-	"Connection",
-	"Proxy-Connection", // non-standard, still sent by libcurl
-	"Keep-Alive",
-	"Proxy-Authenticate",
-	"Proxy-Authorization",
-	"Te",      // canonical form of "TE"
-	"Trailer", // the announcement; trailers themselves are relayed
-	"Transfer-Encoding",
-	"Upgrade",
-}
-
-// removeHopByHopFields is removeHopByHopHeaders for an answer's fields.
+// removeHopByHopFields removes an answer's hop-by-hop fields (isHopHeader)
+// and those its Connection fields name.
 func removeHopByHopFields(f *h1.Fields) {
 	if f.Has("Connection") {
 		for _, v := range f.Values("Connection") { // a copy: Del changes f
@@ -295,44 +228,6 @@ func removeHopByHopFields(f *h1.Fields) {
 		}
 	}
 	*f = slices.DeleteFunc(*f, func(fl h1.Field) bool { return isHopHeader(fl.Name) })
-}
-
-// removeHopByHopHeaders removes the headers a Connection header names, then
-// the hop-by-hop ones.
-func removeHopByHopHeaders(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = textproto.TrimString(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
-	if len(h) > len(hopHeaders) {
-		for _, f := range hopHeaders {
-			delete(h, f)
-		}
-		return
-	}
-	// A header no longer than the list, as an answer's usually is: its
-	// names are checked without hashing the list's.
-	for k := range h {
-		if isHopHeader(k) {
-			delete(h, k)
-		}
-	}
-}
-
-// headerValuesContainToken reports whether a comma-separated header value
-// list holds token, case-insensitively.
-func headerValuesContainToken(values []string, token string) bool {
-	for _, v := range values {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(textproto.TrimString(t), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // joinURLPath joins a backend's base path and the request's path, as

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/tether-mcp/tether/internal/telemetry"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // Defaults of the limits a Proxy enforces on what clients send
@@ -127,13 +129,13 @@ func (p *Proxy) LimitStats() telemetry.LimitStat {
 // read starts when the body has been read to its end (or at once, for a
 // request without one); so the deadline is set only on requests with a
 // body, before it is read, and cleared as soon as it has been.
-func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request) (classification, *requestError) {
+func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request, h h1.Fields) (classification, *requestError) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return classify(r, p.maxBody, &p.bodies)
+		return classify(r, h, p.maxBody, &p.bodies)
 	}
 	rc := http.NewResponseController(w)
 	deadlineSet := rc.SetReadDeadline(time.Now().Add(p.bodyTimeout)) == nil
-	c, rerr := classify(r, p.maxBody, &p.bodies)
+	c, rerr := classify(r, h, p.maxBody, &p.bodies)
 	if deadlineSet && rerr != errBodyTimeout {
 		// The rest of the request (a long SSE response) is not bounded by
 		// the body's deadline. After a timeout the connection is closed,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,8 +62,8 @@ func TestSessionLostKeepsTheAnswer(t *testing.T) {
 func TestPrincipalDigest(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
 	d := newPrincipalDigester(key, []string{"authorization", "X-User"})
-	alice := http.Header{"Authorization": {"Bearer alice"}}
-	if got := d.digest(http.Header{"Cookie": {"c=1"}}); got != "" {
+	alice := fieldsOf(http.Header{"Authorization": {"Bearer alice"}})
+	if got := d.digest(fieldsOf(http.Header{"Cookie": {"c=1"}})); got != "" {
 		t.Errorf("digest of no credentials = %q, want empty", got)
 	}
 	a := d.digest(alice)
@@ -74,11 +75,11 @@ func TestPrincipalDigest(t *testing.T) {
 		"extra header":     {"Authorization": {"Bearer alice"}, "X-User": {"x"}},
 		"values regrouped": {"Authorization": {"Bearer", "alice"}},
 	} {
-		if d.matches(a, h) {
+		if d.matches(a, fieldsOf(h)) {
 			t.Errorf("%s matches alice's digest", name)
 		}
 	}
-	if !d.matches(a, alice.Clone()) || !d.matches("", http.Header{}) {
+	if !d.matches(a, slices.Clone(alice)) || !d.matches("", nil) {
 		t.Error("the same credentials do not match")
 	}
 	if other := newPrincipalDigester([]byte("another key of thirty-two bytes!"), nil); other.digest(alice) == a {
@@ -87,7 +88,17 @@ func TestPrincipalDigest(t *testing.T) {
 	if random := newPrincipalDigester(nil, nil); random.digest(alice) == a {
 		t.Error("a random key gives the configured key's digest")
 	}
+	// Replicas of different versions share a store: the digest of a set of
+	// credentials is what every version computes (this one, from a header
+	// map, before request headers were lists).
+	mixed := fieldsOf(http.Header{"Authorization": {"Bearer alice"}, "X-User": {"u1", "u2"}, "Cookie": {"c"}})
+	if got, want := d.digest(mixed), "abca004b32f99c7893d74e9cd3f223e0feba292eb1386b6845764270079c1ecb"; got != want {
+		t.Errorf("digest %s, want %s (the stored digests of earlier versions)", got, want)
+	}
 }
+
+// fieldsOf is a header map as the list a request's header is.
+func fieldsOf(h http.Header) h1.Fields { return h1.AppendHeader(nil, h) }
 
 // tether's own error codes are none that an MCP specification or SDK
 // assigns (-32002 became mcp-go's ErrResourceNotFound).

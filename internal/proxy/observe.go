@@ -11,7 +11,6 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -55,14 +54,14 @@ func (r *statusRecorder) FlushError() error {
 // startServerSpan opens the request's server span, continuing the client's
 // W3C trace context.
 func (p *Proxy) startServerSpan(r *http.Request, x *exchange) *http.Request {
-	ctx := p.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := p.propagator.Extract(r.Context(), fieldsCarrier{&x.header})
 	ctx, x.span = p.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(
 			semconv.HTTPRequestMethodKey.String(r.Method),
 			semconv.URLPath(r.URL.Path),
 			semconv.ServerAddress(r.Host),
 			semconv.NetworkProtocolVersion(fmt.Sprintf("%d.%d", r.ProtoMajor, r.ProtoMinor)),
-			semconv.UserAgentOriginal(r.UserAgent()),
+			semconv.UserAgentOriginal(x.header.Get("User-Agent")),
 		))
 	return r.WithContext(ctx)
 }

@@ -8,8 +8,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
-	"net/http"
 	"net/textproto"
+	"slices"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
 // DefaultPrincipalHeaders are the credential headers that bind a session to
@@ -48,12 +50,12 @@ func newPrincipalDigester(key []byte, headers []string) principalDigester {
 	return d
 }
 
-// digest returns the hex HMAC of the credential headers in h, or "" when h
+// digest returns the hex HMAC of the credential fields in h, or "" when h
 // carries none of them (a session anyone holding its id may use).
-func (d principalDigester) digest(h http.Header) string {
+func (d principalDigester) digest(h h1.Fields) string {
 	var mac hash.Hash
 	for _, name := range d.headers {
-		if len(h[name]) > 0 {
+		if slices.ContainsFunc(h, func(f h1.Field) bool { return f.Name == name }) {
 			mac = hmac.New(sha256.New, d.key)
 			break
 		}
@@ -61,7 +63,8 @@ func (d principalDigester) digest(h http.Header) string {
 	if mac == nil {
 		return ""
 	}
-	// Length-prefixed, so that no two different header sets encode alike.
+	// Length-prefixed, so that no two different header sets encode alike:
+	// each name, the number of its fields, and their values in order.
 	var n [4]byte
 	write := func(s string) {
 		binary.BigEndian.PutUint32(n[:], uint32(len(s)))
@@ -69,12 +72,19 @@ func (d principalDigester) digest(h http.Header) string {
 		mac.Write([]byte(s))
 	}
 	for _, name := range d.headers {
-		vs := h[name]
 		write(name)
-		binary.BigEndian.PutUint32(n[:], uint32(len(vs)))
+		count := 0
+		for _, f := range h {
+			if f.Name == name {
+				count++
+			}
+		}
+		binary.BigEndian.PutUint32(n[:], uint32(count))
 		mac.Write(n[:])
-		for _, v := range vs {
-			write(v)
+		for _, f := range h {
+			if f.Name == name {
+				write(f.Value)
+			}
 		}
 	}
 	return hex.EncodeToString(mac.Sum(nil))
@@ -83,6 +93,6 @@ func (d principalDigester) digest(h http.Header) string {
 // matches reports, in constant time, whether h carries the credentials whose
 // digest is stored. A record without a digest matches only a request without
 // credentials.
-func (d principalDigester) matches(stored string, h http.Header) bool {
+func (d principalDigester) matches(stored string, h h1.Fields) bool {
 	return subtle.ConstantTimeCompare([]byte(stored), []byte(d.digest(h))) == 1
 }

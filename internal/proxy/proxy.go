@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
@@ -201,6 +203,10 @@ func New(cfg Config) *Proxy {
 // The route step and the forward loop write it; an attempt reads it and
 // writes only the record step's result (newSID) and its own bookkeeping.
 type exchange struct {
+	// header is the client's request header. r.Header is nil: h1 gives
+	// the fields as a list (ServeFields), and a map from net/http is made
+	// one (ServeHTTP).
+	header     h1.Fields
 	class      classification
 	route      routeKind
 	rec        *session.Record      // the session record (sticky, reinit, delete)
@@ -233,9 +239,21 @@ type exchange struct {
 	getBody  func() (io.ReadCloser, error) // rebuilds the request body for the transport
 }
 
-// ServeHTTP is the request path: classify → route → forward → record.
+// ServeHTTP serves a request with a header map: net/http's (h2c, and the
+// HTTP/1.1 requests h1 hands to it). The map is made a list, and the path
+// sees a copy of r without it, as ServeFields's.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{start: time.Now()}
+	f := h1.AppendHeader(make(h1.Fields, 0, len(r.Header)), r.Header)
+	r2 := *r
+	r2.Header = nil
+	p.ServeFields(w, &r2, f)
+}
+
+// ServeFields is the request path: classify → route → forward → record.
+// f is the request's header (r.Header is not read): h1 calls it for the
+// requests it serves (h1.FieldsHandler).
+func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields) {
+	x := &exchange{start: time.Now(), header: f}
 	x.out.ResponseWriter = w
 	w = &x.out
 	if p.tracer != nil {
@@ -252,9 +270,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// bytes are never read as a request.
 		w.Header().Set("Connection", "close")
 	}
-	stripUpgrade(r.Header)
+	stripUpgrade(&x.header)
 
-	class, rerr := p.classifyBounded(w, r)
+	class, rerr := p.classifyBounded(w, r, x.header)
 	x.class = class
 	if class.Body != nil {
 		// The body stays reserved until forwarding is over, retries
@@ -310,7 +328,7 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 	case x.class.SessionID == "":
 		x.route = routeStateless
 		if p.affinityHeader != "" && x.class.Era == eraModern && x.class.Kind == kindRequest && x.class.Method == "tools/call" {
-			key, rerr := affinityValue(r.Header, p.affinityHeader, p.affinityArgument, x.class.Params)
+			key, rerr := affinityValue(x.header, p.affinityHeader, p.affinityArgument, x.class.Params)
 			if rerr != nil {
 				writeRequestError(w, x.class.ID, rerr)
 				return false
@@ -409,7 +427,7 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 	if x.class.Kind == kindDelete {
 		if !alive {
 			// Nothing is left to end on the backend; the session ends here.
-			p.endDeadSession(ctx, w, r, rec)
+			p.endDeadSession(ctx, w, x.header, rec)
 			return false
 		}
 		x.ep = ep
@@ -480,7 +498,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		if x.class.Kind == kindDelete {
 			// The backend that held the session is gone: the session ends.
-			p.endDeadSession(r.Context(), w, r, x.rec)
+			p.endDeadSession(r.Context(), w, x.header, x.rec)
 			return
 		}
 		if err := p.reinitialize(r.Context(), r, x, o.retry); err != nil {
@@ -493,8 +511,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 // endDeadSession answers a DELETE of a session whose backend is gone. The
 // backend can no longer check who ends the session, so tether does: only
 // its creator may (anyone else learns nothing, as for an unknown session).
-func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *session.Record) {
-	if !p.principal.matches(rec.Principal, r.Header) {
+func (p *Proxy) endDeadSession(ctx context.Context, w http.ResponseWriter, h h1.Fields, rec *session.Record) {
+	if !p.principal.matches(rec.Principal, h) {
 		writeJSONRPCError(w, http.StatusNotFound, nil, codeSessionNotFound, "session not found")
 		return
 	}
@@ -516,27 +534,27 @@ func (p *Proxy) endSession(ctx context.Context, rec *session.Record) {
 // first: neither the forwarded request nor a replayed initialize may ask a
 // backend to switch protocols. Other Connection tokens stay, for
 // outgoingHeader to strip the headers they name.
-func stripUpgrade(h http.Header) {
-	_, up := h["Upgrade"]
-	_, settings := h["Http2-Settings"]
-	if !up && !settings {
+func stripUpgrade(f *h1.Fields) {
+	if !slices.ContainsFunc(*f, func(fl h1.Field) bool { return fl.Name == "Upgrade" || fl.Name == "Http2-Settings" }) {
 		return
 	}
-	h.Del("Upgrade")
-	h.Del("Http2-Settings")
+	f.Del("Upgrade")
+	f.Del("Http2-Settings")
 	var keep []string
-	for _, v := range h["Connection"] {
-		for _, tok := range strings.Split(v, ",") {
+	for _, fl := range *f {
+		if fl.Name != "Connection" {
+			continue
+		}
+		for _, tok := range strings.Split(fl.Value, ",") {
 			tok = textproto.TrimString(tok)
 			if tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
 				keep = append(keep, tok)
 			}
 		}
 	}
-	if len(keep) == 0 {
-		h.Del("Connection")
-	} else {
-		h["Connection"] = []string{strings.Join(keep, ", ")}
+	f.Del("Connection")
+	if len(keep) > 0 {
+		f.Set("Connection", strings.Join(keep, ", "))
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
 
@@ -48,12 +49,12 @@ type replayContext struct {
 
 // newReplayContext copies what a request to a backend on r's behalf needs.
 func (p *Proxy) newReplayContext(r *http.Request, x *exchange, reason string) replayContext {
-	return p.replayContextOf(r.Host, r.URL.Path, r.Header, x, reason)
+	return p.replayContextOf(r.Host, r.URL.Path, x.header, x, reason)
 }
 
 // replayContextOf copies the replayed headers and the principal headers
 // (the credentials a backend may bind the session to) from h.
-func (p *Proxy) replayContextOf(host, path string, h http.Header, x *exchange, reason string) replayContext {
+func (p *Proxy) replayContextOf(host, path string, h h1.Fields, x *exchange, reason string) replayContext {
 	rc := replayContext{
 		host:            host,
 		path:            path,
@@ -65,7 +66,10 @@ func (p *Proxy) replayContextOf(host, path string, h http.Header, x *exchange, r
 	for _, list := range [][]string{replayHeaders, p.principal.headers} {
 		for _, name := range list {
 			if v := h.Values(name); len(v) > 0 {
-				rc.header[textproto.CanonicalMIMEHeaderKey(name)] = append([]string(nil), v...)
+				for i := range v {
+					v[i] = strings.Clone(v[i]) // not the request's head
+				}
+				rc.header[textproto.CanonicalMIMEHeaderKey(name)] = v
 			}
 		}
 	}
@@ -84,7 +88,7 @@ var errOtherPrincipal = errors.New("the request's credentials are not the sessio
 // them, so anyone else would take the session over.
 func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, reason string) error {
 	stale := x.rec
-	if !p.principal.matches(stale.Principal, r.Header) {
+	if !p.principal.matches(stale.Principal, x.header) {
 		p.metrics.Reinit(reason, "refused")
 		p.log.Warn("re-initialization refused: the request's credentials differ from the session creator's",
 			"session", session.HashID(stale.ClientSID), "reason", reason)

@@ -148,7 +148,7 @@ func (p *Proxy) routeTask(ctx context.Context, w http.ResponseWriter, r *http.Re
 		result = taskUnavailable
 	default:
 		x.store = "hit"
-		if !p.principal.matches(rec.Principal, r.Header) {
+		if !p.principal.matches(rec.Principal, x.header) {
 			// Someone else's task: the same answer as no task at all, so a
 			// guessed or leaked id tells its holder nothing.
 			result = taskPrincipalMismatch
