@@ -124,3 +124,41 @@ func TestParseMessagesAllocations(t *testing.T) {
 		t.Errorf("classifying a tools/call allocates %.0f times, want 0", allocs)
 	}
 }
+
+// initializeBody is a realistic ~2 KiB initialize: a client advertising
+// its capabilities, with a described, iconed clientInfo and a few
+// escaped characters, as desktop clients send.
+var initializeBody = []byte(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{` +
+	`"protocolVersion":"2025-11-25","capabilities":{"roots":{"listChanged":true},` +
+	`"sampling":{"context":{},"tools":{}},"elicitation":{"form":{},"url":{}},` +
+	`"tasks":{"list":{},"cancel":{},"requests":{"sampling":{"createMessage":{}},"elicitation":{"create":{}}}},` +
+	`"experimental":{"com.example/streaming":{"chunkSize":65536,"compression":["gzip","zstd","br"],"window":1.5e3}}},` +
+	`"clientInfo":{"name":"example-desktop","title":"Example Desktop \u2014 Assistant","version":"3.14.159-beta.2+build.2718",` +
+	`"description":"A desktop assistant that connects to local and remote MCP servers, lists their tools, prompts and resources, and calls them on the user's behalf.\nIt keeps one session per server and reconnects with Last-Event-ID when the network drops.",` +
+	`"websiteUrl":"https://example.com/desktop/assistant?ref=mcp&utm_source=initialize&utm_medium=client",` +
+	`"icons":[{"src":"https://example.com/static/icons/assistant-16x16.png","mimeType":"image/png","sizes":["16x16"],"theme":"light"},` +
+	`{"src":"https://example.com/static/icons/assistant-32x32.png","mimeType":"image/png","sizes":["32x32"],"theme":"light"},` +
+	`{"src":"https://example.com/static/icons/assistant-64x64.png","mimeType":"image/png","sizes":["64x64"],"theme":"dark"},` +
+	`{"src":"https://example.com/static/icons/assistant.svg","mimeType":"image/svg+xml","sizes":["any"],"theme":"dark"}]},` +
+	`"_meta":{"progressToken":"init-0b5c2f9e-7d41-4c3a-9a8e-2f6d1e0c4b7a","io.example/trace":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",` +
+	`"tracestate":"vendor1=opaque-value-1,vendor2=opaque-value-2","baggage":"userId=alice,serverNode=DF%2028,isProduction=false"},` +
+	`"io.example/locale":{"language":"en-GB","timeZone":"Europe/London","units":"metric","numbers":[1,-2,3.25,4e-2,0,-0.5E+3,true,false,null]},` +
+	`"io.example/workspace":{"roots":["file:///home/alice/projects/tether","file:///home/alice/projects/notes","file:///home/alice/Documents/reports/2026/q1"],` +
+	`"openFiles":["internal/proxy/classify.go","internal/proxy/jsonscan.go","internal/proxy/jsonscan_test.go","docs/DESIGN.md"],"quote":"she said \"hi\"\t\\o/"}}}}`)
+
+func benchmarkParseMessages(b *testing.B, body []byte) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		var c classification
+		if err := parseMessages(body, &c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkParseMessagesFollowUp(b *testing.B) {
+	benchmarkParseMessages(b, []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`))
+}
+
+func BenchmarkParseMessagesInitialize(b *testing.B) { benchmarkParseMessages(b, initializeBody) }
