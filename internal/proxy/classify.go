@@ -454,14 +454,30 @@ func messageKind(m *wireMessage) (kind, *requestError) {
 }
 
 // validID accepts the id types JSON-RPC allows for requests: strings and
-// numbers.
+// numbers that are finite as float64s (id is well-formed JSON).
 func validID(id json.RawMessage) bool {
 	switch id[0] {
 	case '"':
 		return true
 	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		// Without an exponent, fewer than 309 digits stay below
+		// math.MaxFloat64 (about 1.8e308): ParseFloat, which refuses a
+		// well-formed number only when it is out of range, need not run
+		// for the ids clients send.
+		if len(id) < 309 && !hasExponent(id) {
+			return true
+		}
 		_, err := strconv.ParseFloat(string(id), 64)
 		return err == nil
+	}
+	return false
+}
+
+func hasExponent(num []byte) bool {
+	for _, c := range num {
+		if c == 'e' || c == 'E' {
+			return true
+		}
 	}
 	return false
 }
