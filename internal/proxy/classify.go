@@ -255,50 +255,80 @@ func readBody(r *http.Request, maxBody int64, budget *byteBudget) ([]byte, *requ
 	return buf, nil
 }
 
-// parseMessages fills c.Kind, c.Method, c.ID and c.Batch from a POST body.
+// parseMessages fills c.Kind, c.Method, c.ID, c.Params and c.Batch from a
+// POST body, in one pass that also checks the body is JSON: invalid JSON
+// anywhere in it is errNotJSON, whatever came before.
 func parseMessages(body []byte, c *classification) *requestError {
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) == 0 {
+	i := skipSpace(body, 0)
+	if i == len(body) {
 		return errEmptyBody
 	}
-	if !json.Valid(body) {
+	if body[i] == '[' {
+		return parseBatch(body, i, c)
+	}
+	var m wireMessage
+	end, res := scanMessage(body, i, 0, &m)
+	if res == scanInvalid || skipSpace(body, end) != len(body) {
 		return errNotJSON
 	}
-	if trimmed[0] != '[' {
-		m, rerr := decodeMessage(body)
-		if rerr != nil {
-			return rerr
-		}
-		kind, rerr := messageKind(&m)
-		if rerr != nil {
-			return rerr
-		}
-		c.Kind = kind
-		c.Method = m.Method
-		c.Params = m.Params
-		if kind == kindRequest || kind == kindInitialize {
-			c.ID = m.ID
-		}
-		return nil
+	if rerr := decodeMessage(body, &m, res); rerr != nil {
+		return rerr
 	}
+	kind, rerr := messageKind(&m)
+	if rerr != nil {
+		return rerr
+	}
+	c.Kind = kind
+	c.Method = m.Method
+	c.Params = m.Params
+	if kind == kindRequest || kind == kindInitialize {
+		c.ID = m.ID
+	}
+	return nil
+}
 
+// parseBatch is parseMessages for the array at body[i]. Its members are
+// classified as they are scanned, up to the first refused one; the rest
+// are only validated. The batch folds into a copy of c, kept only once the
+// whole body proved to be JSON, so that invalid JSON leaves c as it was.
+func parseBatch(body []byte, i int, c *classification) *requestError {
+	bc := *c
 	var batch batchKind
-	batch.start(c)
+	batch.start(&bc)
 	var rerr *requestError
-	n := 0
-	scanArray(body, func(elem []byte) bool {
-		n++
+	i = skipSpace(body, i+1)
+	empty := i < len(body) && body[i] == ']'
+	for !empty {
 		var m wireMessage
-		if m, rerr = decodeMessage(elem); rerr != nil {
-			return false
+		end, res := scanMessage(body, i, 1, &m)
+		if res == scanInvalid {
+			return errNotJSON
 		}
-		rerr = batch.add(c, &m)
-		return rerr == nil
-	})
+		if rerr == nil {
+			if rerr = decodeMessage(body[i:end], &m, res); rerr == nil {
+				rerr = batch.add(&bc, &m)
+			}
+		}
+		i = skipSpace(body, end)
+		if i >= len(body) {
+			return errNotJSON
+		}
+		if body[i] == ']' {
+			break
+		}
+		if body[i] != ',' {
+			return errNotJSON
+		}
+		i = skipSpace(body, i+1)
+	}
+	if skipSpace(body, i+1) != len(body) {
+		return errNotJSON
+	}
+	*c = bc
 	switch {
 	case rerr != nil:
 		return rerr
-	case n == 0:
+	case empty:
 		return errEmptyBatch
 	}
 	batch.finish(c)
@@ -350,16 +380,18 @@ func (b *batchKind) finish(c *classification) {
 	}
 }
 
-// decodeMessage reads one batch member or single message (valid JSON).
-func decodeMessage(b []byte) (wireMessage, *requestError) {
-	m, ok, fallback := scanMessage(b)
-	if fallback {
-		return decodeWithJSON(b)
+// decodeMessage finishes reading the message b (well formed) that
+// scanMessage read into m with outcome res.
+func decodeMessage(b []byte, m *wireMessage, res scanOutcome) *requestError {
+	switch res {
+	case scanFallback:
+		var rerr *requestError
+		*m, rerr = decodeWithJSON(b)
+		return rerr
+	case scanNotMessage:
+		return errNotJSONRPC
 	}
-	if !ok {
-		return m, errNotJSONRPC
-	}
-	return m, nil
+	return nil
 }
 
 // jsonMessage is wireMessage as encoding/json decodes it, for the messages
@@ -424,14 +456,30 @@ func messageKind(m *wireMessage) (kind, *requestError) {
 }
 
 // validID accepts the id types JSON-RPC allows for requests: strings and
-// numbers.
+// numbers that are finite as float64s (id is well-formed JSON).
 func validID(id json.RawMessage) bool {
 	switch id[0] {
 	case '"':
 		return true
 	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		// Without an exponent, fewer than 309 digits stay below
+		// math.MaxFloat64 (about 1.8e308): ParseFloat, which refuses a
+		// well-formed number only when it is out of range, need not run
+		// for the ids clients send.
+		if len(id) < 309 && !hasExponent(id) {
+			return true
+		}
 		_, err := strconv.ParseFloat(string(id), 64)
 		return err == nil
+	}
+	return false
+}
+
+func hasExponent(num []byte) bool {
+	for _, c := range num {
+		if c == 'e' || c == 'E' {
+			return true
+		}
 	}
 	return false
 }

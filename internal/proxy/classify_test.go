@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -170,4 +171,39 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("%v without a method: %q", c.Kind, body)
 		}
 	})
+}
+
+// validIDNumbers are numbers around where validID stops trusting their
+// length and asks strconv.ParseFloat.
+var validIDNumbers = []string{
+	"0", "-0", "2", "1.5", "-12.25", "1e400", "1E-400", "1e308", "2e308", "-1.8e308",
+	strings.Repeat("9", 308), strings.Repeat("9", 309), "-" + strings.Repeat("9", 308),
+	"1" + strings.Repeat("0", 308), "18" + strings.Repeat("0", 307), "17" + strings.Repeat("0", 307),
+	"0." + strings.Repeat("0", 400) + "1", "1" + strings.Repeat("0", 307) + ".5",
+}
+
+func checkValidID(t *testing.T, num string) {
+	// Only number tokens, as the scanner cuts an id out of a body.
+	if !json.Valid([]byte(num)) || strings.TrimSpace(num) != num || (num[0] != '-' && (num[0] < '0' || num[0] > '9')) {
+		return
+	}
+	_, err := strconv.ParseFloat(num, 64)
+	if got := validID(json.RawMessage(num)); got != (err == nil) {
+		t.Fatalf("validID(%.40s... (%d bytes)) = %v, ParseFloat error %v", num, len(num), got, err)
+	}
+}
+
+// validID's shortcut for numbers without an exponent agrees with
+// strconv.ParseFloat.
+func TestValidIDNumbers(t *testing.T) {
+	for _, num := range validIDNumbers {
+		checkValidID(t, num)
+	}
+}
+
+func FuzzValidIDNumbers(f *testing.F) {
+	for _, num := range validIDNumbers {
+		f.Add(num)
+	}
+	f.Fuzz(checkValidID)
 }

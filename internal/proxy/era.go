@@ -296,8 +296,8 @@ func paramsString(params []byte, key, sub string) (string, bool, *requestError) 
 }
 
 // objectMember returns the raw value of member key in the JSON object obj
-// (well-formed JSON: the body passed json.Valid), or nil when obj is not an
-// object or has no such member.
+// (well-formed JSON: part of a body parseMessages validated), or nil when
+// obj is not an object or has no such member.
 func objectMember(obj []byte, key string) ([]byte, *requestError) {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {

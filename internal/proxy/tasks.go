@@ -50,11 +50,13 @@ const maxTaskMessage = 1 << 20
 // is the last message that matters. ok reports a result of the
 // CreateTaskResult shape: resultType "task" and a non-empty string taskId.
 func parseTaskResponse(b []byte) (tc taskCreation, response, ok bool) {
-	if !json.Valid(b) {
+	var m wireMessage
+	end, res := scanMessage(b, skipSpace(b, 0), 0, &m)
+	if res == scanInvalid || skipSpace(b, end) != len(b) {
 		return tc, false, false
 	}
-	m, isObject, fallback := scanMessage(b)
-	if fallback {
+	isObject := res == scanOK
+	if res == scanFallback {
 		// Escaped or non-ASCII member names: rare enough for encoding/json.
 		var d struct {
 			Method *string         `json:"method"`
