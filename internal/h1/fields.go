@@ -24,9 +24,19 @@ type Field struct {
 // Set replaces every field of the name by one, Del removes them all.
 type Fields []Field
 
+// canonical is textproto.CanonicalMIMEHeaderKey(name), without its walk
+// of the name for the common names (the constants a proxy looks up):
+// commonKeys are canonical.
+func canonical(name string) string {
+	if name != "" && common(name) >= 0 {
+		return name
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
+}
+
 // Get returns the value of the first field named name, or "".
 func (f Fields) Get(name string) string {
-	name = textproto.CanonicalMIMEHeaderKey(name)
+	name = canonical(name)
 	for i := range f {
 		if f[i].Name == name {
 			return f[i].Value
@@ -37,7 +47,7 @@ func (f Fields) Get(name string) string {
 
 // Has reports whether a field is named name.
 func (f Fields) Has(name string) bool {
-	name = textproto.CanonicalMIMEHeaderKey(name)
+	name = canonical(name)
 	for i := range f {
 		if f[i].Name == name {
 			return true
@@ -48,7 +58,7 @@ func (f Fields) Has(name string) bool {
 
 // Count returns the number of fields named name.
 func (f Fields) Count(name string) int {
-	name = textproto.CanonicalMIMEHeaderKey(name)
+	name = canonical(name)
 	n := 0
 	for i := range f {
 		if f[i].Name == name {
@@ -61,7 +71,7 @@ func (f Fields) Count(name string) int {
 // Values returns the values of the fields named name, in order, in a new
 // slice; nil when there is none.
 func (f Fields) Values(name string) []string {
-	name = textproto.CanonicalMIMEHeaderKey(name)
+	name = canonical(name)
 	var vv []string
 	for i := range f {
 		if f[i].Name == name {
@@ -75,7 +85,7 @@ func (f Fields) Values(name string) []string {
 // takes it, in its place, and the others are removed; a new field is added
 // at the end when there is none.
 func (f *Fields) Set(name, value string) {
-	name = textproto.CanonicalMIMEHeaderKey(name)
+	name = canonical(name)
 	for i := range *f {
 		if (*f)[i].Name == name {
 			(*f)[i].Value = value
@@ -88,7 +98,7 @@ func (f *Fields) Set(name, value string) {
 
 // Del removes the fields named name.
 func (f *Fields) Del(name string) {
-	f.delFrom(textproto.CanonicalMIMEHeaderKey(name), 0)
+	f.delFrom(canonical(name), 0)
 }
 
 // delFrom removes the fields of the canonical name from index from on;

@@ -2,6 +2,7 @@ package h1
 
 import (
 	"net/http"
+	"net/textproto"
 	"reflect"
 	"testing"
 )
@@ -60,5 +61,16 @@ func TestFieldsAddTo(t *testing.T) {
 	}
 	if own[:2][1] != "" {
 		t.Errorf("AddTo wrote %q into the header's own list", own[:2][1])
+	}
+}
+
+// canonical is textproto.CanonicalMIMEHeaderKey, for the common names it
+// does not walk and for any other.
+func TestCanonical(t *testing.T) {
+	names := append([]string{"", "x-a", "X-A", "mcp-session-id", "MCP-SESSION-ID", "x a", "ÄB", "content-length"}, commonKeys[:]...)
+	for _, n := range names {
+		if got, want := canonical(n), textproto.CanonicalMIMEHeaderKey(n); got != want {
+			t.Errorf("canonical(%q) = %q, want %q", n, got, want)
+		}
 	}
 }

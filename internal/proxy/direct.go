@@ -99,11 +99,12 @@ func (d *directRequest) write(bw *bufio.Writer) error {
 func (p *Proxy) outgoingFields(ctx context.Context, out *h1.Fields, x *exchange) {
 	in := x.header
 	dst := *out
-	connection, te := false, false
+	var room [2]string
+	connection, te := room[:0], false
 	for _, f := range in {
 		switch f.Name {
 		case "Connection":
-			connection = true
+			connection = append(connection, f.Value)
 		case "Te":
 			// Backends that support trailers are told tether does, when
 			// the client said it does (as net/http/httputil does,
@@ -118,7 +119,7 @@ func (p *Proxy) outgoingFields(ctx context.Context, out *h1.Fields, x *exchange)
 		// A sidecar is transparent: what the proxy in front said about the
 		// original client is kept, even where a Connection field names
 		// it, and no hop of tether's own is added.
-		if connection && !isForwardingHeader(f.Name) && connectionNames(in, f.Name) {
+		if len(connection) > 0 && !isForwardingHeader(f.Name) && connectionNames(connection, f.Name) {
 			continue
 		}
 		dst = append(dst, f)
@@ -177,15 +178,12 @@ func containsToken(v, token string) bool {
 	return false
 }
 
-// connectionNames reports whether the Connection fields of f name the
-// field key (canonical): whether one of their tokens is key once made
+// connectionNames reports whether the values of Connection fields name
+// the field key (canonical): whether one of their tokens is key once made
 // canonical, as http.Header.Del makes it.
-func connectionNames(f h1.Fields, key string) bool {
-	for _, fl := range f {
-		if fl.Name != "Connection" {
-			continue
-		}
-		for tok := range strings.SplitSeq(fl.Value, ",") {
+func connectionNames(values []string, key string) bool {
+	for _, v := range values {
+		for tok := range strings.SplitSeq(v, ",") {
 			if tok = textproto.TrimString(tok); tok != "" && canonicalIs(tok, key) {
 				return true
 			}

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/textproto"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 
@@ -216,18 +214,26 @@ func (o *outgoing) Close() error               { return nil }
 var emptyValue = []string{""}
 
 // removeHopByHopFields removes an answer's hop-by-hop fields (isHopHeader)
-// and those its Connection fields name.
+// and those its Connection fields name, as http.Header.Del would remove
+// them (a token made canonical), without making a token canonical: a
+// backend's "Connection: keep-alive" costs no allocation.
 func removeHopByHopFields(f *h1.Fields) {
-	if f.Has("Connection") {
-		for _, v := range f.Values("Connection") { // a copy: Del changes f
-			for sf := range strings.SplitSeq(v, ",") {
-				if sf = textproto.TrimString(sf); sf != "" {
-					f.Del(sf)
-				}
-			}
+	var room [2]string
+	connection := room[:0]
+	for _, fl := range *f {
+		if fl.Name == "Connection" {
+			connection = append(connection, fl.Value)
 		}
 	}
-	*f = slices.DeleteFunc(*f, func(fl h1.Field) bool { return isHopHeader(fl.Name) })
+	kept := (*f)[:0]
+	for _, fl := range *f {
+		if isHopHeader(fl.Name) || len(connection) > 0 && connectionNames(connection, fl.Name) {
+			continue
+		}
+		kept = append(kept, fl)
+	}
+	clear((*f)[len(kept):]) // no stale strings in the array
+	*f = kept
 }
 
 // joinURLPath joins a backend's base path and the request's path, as
