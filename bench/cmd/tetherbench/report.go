@@ -221,6 +221,7 @@ func (r *report) targetsMarkdown() string {
 		row("follow-up RPS ≥ 1.0× nginx", fmt.Sprintf("%.0f vs %.0f req/s: %.2f×", tm.MaxRate, ng.MaxRate, ratio(tm.MaxRate, ng.MaxRate)), ng.MaxRate > 0 && tm.MaxRate >= ng.MaxRate)
 		ta, na := tm.AddedP99, ng.AddedP99
 		row("p99 added ≤ nginx's", fmt.Sprintf("%+.2f ms vs %+.2f ms at %.0f req/s (median over rounds of p99 − direct's p99 in the same round)", ms(ta), ms(na), o.FixedRate), ta <= na)
+		o.sidecarTargets(row)
 	}
 	if p := r.Placement; p != nil {
 		s := p.Static
@@ -285,4 +286,28 @@ func commandLine(full bool) string {
 		return "make bench-full"
 	}
 	return "make bench"
+}
+
+// sidecarTargets are the rows of the sidecar's own budget (CPU, memory,
+// tail latency and system calls against nginx and HAProxy in the same
+// run), given to row; a figure not measured in this run is not met.
+func (o *overheadResult) sidecarTargets(row func(target, measured string, met bool)) {
+	d, tm, ng, hp := o.target("direct"), o.target("tether (memory)"), o.target("nginx"), o.target("HAProxy")
+	if d == nil || tm == nil || ng == nil || hp == nil {
+		return
+	}
+	cpu := func(t *overheadTarget) float64 { return cpuPer1k(t.ProxyCPU, t.Requests) }
+	mib := func(kib int64) float64 { return float64(kib) / 1024 }
+	row("proxy CPU per 1k follow-ups ≤ nginx's (stretch: ≤ HAProxy's)",
+		fmt.Sprintf("%.3f s vs nginx %.3f s (%.2f×), HAProxy %.3f s", cpu(tm), cpu(ng), cpu(tm)/max(cpu(ng), 1e-9), cpu(hp)),
+		tm.Requests > 0 && cpu(tm) <= cpu(ng))
+	row("idle RSS ≤ 20 MiB", fmt.Sprintf("%.1f MiB", mib(tm.IdleRSS)), tm.IdleRSS > 0 && mib(tm.IdleRSS) <= 20)
+	row("RSS after the overhead rounds ≤ 40 MiB", fmt.Sprintf("%.1f MiB", mib(tm.ProxyRSS)), tm.ProxyRSS > 0 && mib(tm.ProxyRSS) <= 40)
+	row(fmt.Sprintf("RSS with %s live sessions ≤ 150 MiB", thousands(o.ManySessions)), fmt.Sprintf("%.1f MiB", o.ManyRSS), o.ManyRSS > 0 && o.ManyRSS <= 150)
+	row("max sustainable follow-up rate ≥ HAProxy's and ≥ 0.9× direct",
+		fmt.Sprintf("%.0f vs HAProxy %.0f, direct %.0f req/s", tm.MaxRate, hp.MaxRate, d.MaxRate),
+		tm.MaxRate >= hp.MaxRate && tm.MaxRate >= 0.9*d.MaxRate)
+	row("p99 added ≤ HAProxy's", fmt.Sprintf("%+.2f ms vs %+.2f ms", ms(tm.AddedP99), ms(hp.AddedP99)), tm.AddedP99 <= hp.AddedP99)
+	row("syscalls per follow-up ≤ nginx's + 4", fmt.Sprintf("%.1f vs nginx %.1f", tm.Syscalls, ng.Syscalls), tm.Syscalls > 0 && ng.Syscalls > 0 && tm.Syscalls <= ng.Syscalls+4)
+	row("allocations per follow-up in tether's path ≤ 15", fmt.Sprintf("%d", o.OwnAllocs), o.AllAllocs > 0 && o.OwnAllocs <= 15)
 }
