@@ -29,13 +29,17 @@ type overheadTarget struct {
 	StopWhy  string  // why the next step up was not sustainable
 	Steps    []overheadStep
 
-	fixed     []sample
-	fixedDur  time.Duration
-	Fixed     summary
-	ProxyCPU  time.Duration // over the fixed-rate runs
-	BackCPU   time.Duration
-	Requests  int // sent during the fixed-rate runs
+	fixed    []sample
+	fixedDur time.Duration
+	Fixed    summary
+	ProxyCPU time.Duration // over the fixed-rate runs
+	BackCPU  time.Duration
+	Requests int // sent during the fixed-rate runs
+	// ProxyRSS is the proxy's RSS after the rounds, in KiB; PeakRSS the
+	// most seen after one of them (the first rounds may still hold what
+	// the rate search's overload made the proxy take).
 	ProxyRSS  int64
+	PeakRSS   int64
 	BackRSS   int64
 	IdleRSS   int64   // KiB, the proxy's processes before any request
 	Syscalls  float64 // per sequential follow-up (strace -c -f), 0 when not measured
@@ -253,7 +257,7 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 			t.Requests += len(r.Samples)
 			if len(pids) > 0 {
 				t.ProxyCPU += pa.CPU - pb.CPU
-				t.ProxyRSS = max(t.ProxyRSS, pa.RSSKiB)
+				t.PeakRSS = max(t.PeakRSS, pa.RSSKiB)
 			}
 			t.BackCPU += ba.CPU - bb.CPU
 			t.BackRSS = max(t.BackRSS, ba.RSSKiB)
@@ -263,6 +267,9 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		}
 	}
 	for _, t := range res.Targets {
+		if pids := procPids(t.procs); len(pids) > 0 {
+			t.ProxyRSS = treeUsage(pids...).RSSKiB
+		}
 		t.Fixed = summarize(t.fixed, t.fixedDur)
 		var added []time.Duration
 		for i := range t.RoundP99 {
@@ -448,6 +455,11 @@ func overheadMarkdown(o *overheadResult) string {
 		"*Syscalls / req*: `strace -c -f` of every process and thread of the proxy during %d sequential follow-ups on one session and one keep-alive connection, after %d untraced ones; nanosleep (the Go runtime's clock-driven sysmon) left out. "+
 		"*Allocs / req*: tether's own path for a sticky follow-up (`go test -run TestFollowUpAllocations -v ./internal/proxy/`; `BenchmarkServeHTTPFollowUp` counts the harness's allocations too).\n",
 		thousands(o.ManySessions), o.ManySessions, straceRequests, straceWarm)
+	var peaks []string
+	for _, t := range o.Targets[1:] {
+		peaks = append(peaks, fmt.Sprintf("%s %.1f", t.Name, float64(t.PeakRSS)/1024))
+	}
+	fmt.Fprintf(&b, "\n*Proxy RSS*: after the rounds. The most after any one round (MiB), the first ones following the rate search's overload: %s.\n", strings.Join(peaks, ", "))
 	for _, n := range o.Notes {
 		fmt.Fprintf(&b, "\nNot measured: %s\n", n)
 	}
