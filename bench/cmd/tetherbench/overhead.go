@@ -209,7 +209,22 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		}
 		return ok
 	}
-	for i, f := range cfg.fractions {
+	// Past the last fraction, the targets still sustaining go on up by
+	// 0.1 of their estimate, to twice it at most: a closed-loop estimate
+	// that came out low must not cap a target's rate below what it
+	// sustains.
+	const maxFraction = 2.0
+	fraction := func(i int) float64 {
+		if i < len(cfg.fractions) {
+			return cfg.fractions[i]
+		}
+		return cfg.fractions[len(cfg.fractions)-1] + 0.1*float64(i-len(cfg.fractions)+1)
+	}
+	for i := 0; fraction(i) <= maxFraction+1e-9; i++ {
+		f := fraction(i)
+		if i >= len(cfg.fractions) && !slices.ContainsFunc(res.Targets, func(t *overheadTarget) bool { return alive[t] }) {
+			break
+		}
 		for _, t := range res.Targets {
 			if !alive[t] || ctx.Err() != nil {
 				continue
@@ -463,7 +478,7 @@ func overheadMarkdown(o *overheadResult) string {
 	for _, n := range o.Notes {
 		fmt.Fprintf(&b, "\nNot measured: %s\n", n)
 	}
-	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it (a failed step is run once more before the search stops):\n\n", dcpu, sloP99)
+	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it, past the last by 0.1 up to twice it while the target sustains them (a failed step is run once more before the search stops):\n\n", dcpu, sloP99)
 	for _, t := range o.Targets {
 		fmt.Fprintf(&b, "- %s: closed loop %.0f req/s; stopped at %s. %s\n", t.Name, t.Estimate, cmpOr(t.StopWhy, "the last step (all sustainable)"), t.Note)
 	}
