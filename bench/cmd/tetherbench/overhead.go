@@ -98,10 +98,9 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		rounds                      int
 		fractions                   []float64
 	}{32, 2 * time.Second, 2 * time.Second, 3 * time.Second, 6 * time.Second, 7, []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}}
-	// Seven rounds, not three: a round's p99 on 2 shared cores swings by
-	// several ms with whatever else the machine schedules, and the median
-	// of three let one disturbed round in two decide the p99 comparison
-	// (of five, two in five).
+	// Seven rounds: a round's p99 on 2 shared cores swings by several ms
+	// with whatever else the machine schedules, and the median of fewer
+	// let one or two disturbed rounds decide the p99 comparison.
 	if env.full {
 		cfg.probe, cfg.step, cfg.fixed, cfg.rounds = 4*time.Second, 5*time.Second, 8*time.Second, 5
 		cfg.fractions = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}
