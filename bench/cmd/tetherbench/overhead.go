@@ -60,6 +60,7 @@ type overheadStep struct {
 
 type overheadResult struct {
 	Targets    []*overheadTarget
+	Search     ratePlan
 	FixedRate  float64
 	Sessions   int
 	HashWrong  int // nginx `hash $http_mcp_session_id consistent`: follow-ups answered 404
@@ -96,16 +97,18 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		sessions                    int
 		probe, step, fixed, profile time.Duration
 		rounds                      int
-		fractions                   []float64
-	}{32, 2 * time.Second, 2 * time.Second, 3 * time.Second, 6 * time.Second, 7, []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}}
+		search                      ratePlan
+	}{32, 2 * time.Second, 2 * time.Second, 3 * time.Second, 6 * time.Second, 7,
+		ratePlan{Fractions: []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}, StepFraction: 0.1, MaxFraction: 2, Refine: 2}}
 	// Seven rounds: a round's p99 on 2 shared cores swings by several ms
 	// with whatever else the machine schedules, and the median of fewer
 	// let one or two disturbed rounds decide the p99 comparison.
 	if env.full {
 		cfg.probe, cfg.step, cfg.fixed, cfg.rounds = 4*time.Second, 5*time.Second, 8*time.Second, 5
-		cfg.fractions = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}
+		cfg.search.Fractions = []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}
+		cfg.search.Refine = 3
 	}
-	res := &overheadResult{Sessions: cfg.sessions}
+	res := &overheadResult{Sessions: cfg.sessions, Search: cfg.search}
 
 	backends, addrs, names, err := startBackends(env.logDir, "overhead-backends", nil, "-names", "b0,b1,b2", "-named-ids")
 	if err != nil {
@@ -181,67 +184,20 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 	for _, t := range res.Targets { // warm connections and code paths
 		attack(ctx, followUpTargeter(t.sessions), 300, time.Second, 256)
 	}
-	// Closed-loop estimate, then fixed rates at fractions of it, interleaved.
+	// Closed-loop estimate, then fixed rates at fractions of it, interleaved
+	// (ratePlan).
 	for _, t := range res.Targets {
 		r := attack(ctx, followUpTargeter(t.sessions), 0, cfg.probe, 64)
 		t.Estimate = summarize(r.Samples, cfg.probe).Goodput
 		env.logf("overhead: %-16s closed loop (64 in flight): %.0f req/s", t.Name, t.Estimate)
 	}
-	alive := map[*overheadTarget]bool{}
-	for _, t := range res.Targets {
-		alive[t] = true
-	}
-	// Every target at one fraction of its own estimate, then the next
-	// fraction up; a target stops at its first unsustainable rate. A target
-	// whose first rate already fails steps down instead (×0.6, twice), so
-	// that a loaded machine still yields a rate rather than none.
-	try := func(t *overheadTarget, rate float64) bool {
+	searchMaxRates(ctx, res.Targets, cfg.search, func(t *overheadTarget, rate float64) overheadStep {
 		r := attack(ctx, followUpTargeter(t.sessions), rate, cfg.step, 2000)
 		s := summarize(r.Samples, cfg.step)
 		ok, why := s.sustainable(rate)
-		t.Steps = append(t.Steps, overheadStep{Rate: rate, S: s, OK: ok, Why: why})
 		env.logf("overhead: %-16s %6.0f req/s offered: p50 %6.2fms p99 %6.2fms ok %d/%d %s %v", t.Name, rate, ms(s.P50), ms(s.P99), s.OK, s.Sent, why, s.Errors)
-		if ok {
-			t.MaxRate = max(t.MaxRate, rate)
-		} else {
-			t.StopWhy = fmt.Sprintf("%.0f/s: %s", rate, why)
-		}
-		return ok
-	}
-	// Past the last fraction, the targets still sustaining go on up by
-	// 0.1 of their estimate, to twice it at most: a closed-loop estimate
-	// that came out low must not cap a target's rate below what it
-	// sustains.
-	const maxFraction = 2.0
-	fraction := func(i int) float64 {
-		if i < len(cfg.fractions) {
-			return cfg.fractions[i]
-		}
-		return cfg.fractions[len(cfg.fractions)-1] + 0.1*float64(i-len(cfg.fractions)+1)
-	}
-	for i := 0; fraction(i) <= maxFraction+1e-9; i++ {
-		f := fraction(i)
-		if i >= len(cfg.fractions) && !slices.ContainsFunc(res.Targets, func(t *overheadTarget) bool { return alive[t] }) {
-			break
-		}
-		for _, t := range res.Targets {
-			if !alive[t] || ctx.Err() != nil {
-				continue
-			}
-			// A failed step is run once more before the target stops: one
-			// GC pause or a neighbour's burst should not end the search.
-			if rate := math.Round(f * t.Estimate); try(t, rate) || try(t, rate) {
-				t.StopWhy = ""
-				continue
-			}
-			alive[t] = false
-			for down := f * 0.6; i == 0 && down > f*0.3 && ctx.Err() == nil; down *= 0.6 {
-				if try(t, math.Round(down*t.Estimate)) {
-					break
-				}
-			}
-		}
-	}
+		return overheadStep{Rate: rate, S: s, OK: ok, Why: why}
+	})
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -477,7 +433,7 @@ func overheadMarkdown(o *overheadResult) string {
 	for _, n := range o.Notes {
 		fmt.Fprintf(&b, "\nNot measured: %s\n", n)
 	}
-	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it, past the last by 0.1 up to twice it while the target sustains them (a failed step is run once more before the search stops):\n\n", dcpu, sloP99)
+	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it, interleaved (each fraction starting one target further on), past the last by %.1f up to %.0f× it while the target sustains them, then bisects %d times between a target's last sustained rate and the one that failed (a failed step is run once more):\n\n", dcpu, sloP99, o.Search.StepFraction, o.Search.MaxFraction, o.Search.Refine)
 	for _, t := range o.Targets {
 		fmt.Fprintf(&b, "- %s: closed loop %.0f req/s; stopped at %s. %s\n", t.Name, t.Estimate, cmpOr(t.StopWhy, "the last step (all sustainable)"), t.Note)
 	}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// capacities is a fake load test: a target sustains every rate up to its
+// capacity, except the rates in flaky, which fail once.
+type capacities struct {
+	limit map[string]float64
+	flaky map[float64]bool
+	order []string // targets in the order they were measured
+}
+
+func (c *capacities) measure(t *overheadTarget, rate float64) overheadStep {
+	c.order = append(c.order, t.Name)
+	if c.flaky[rate] {
+		delete(c.flaky, rate)
+		return overheadStep{Rate: rate, Why: "p99 60ms > 50ms"}
+	}
+	if rate > c.limit[t.Name] {
+		return overheadStep{Rate: rate, Why: fmt.Sprintf("sent %.0f/s", c.limit[t.Name])}
+	}
+	return overheadStep{Rate: rate, OK: true}
+}
+
+var testPlan = ratePlan{Fractions: []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}, StepFraction: 0.1, MaxFraction: 2, Refine: 2}
+
+func TestSearchMaxRatesRefinesBetweenGridPoints(t *testing.T) {
+	// Both have the estimate 1000, so both grids are 600, 750, ..., 1150,
+	// 1250; a and b differ by 4%, between two grid points.
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	b := &overheadTarget{Name: "b", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 1110, "b": 1070}}
+	searchMaxRates(context.Background(), []*overheadTarget{a, b}, testPlan, c.measure)
+	// Without the bisection both would be 1050. a: 1150 fails, 1100
+	// passes, 1125 fails; b: 1100 fails, 1075 fails.
+	if a.MaxRate != 1100 || b.MaxRate != 1050 {
+		t.Errorf("max rates a %v, b %v; want 1100 and 1050", a.MaxRate, b.MaxRate)
+	}
+	if !strings.HasPrefix(a.StopWhy, "1125/s: ") || !strings.HasPrefix(b.StopWhy, "1075/s: ") {
+		t.Errorf("stop reasons %q, %q; want the lowest failures above the max, 1125 and 1075", a.StopWhy, b.StopWhy)
+	}
+}
+
+func TestSearchMaxRatesRotatesOrder(t *testing.T) {
+	ts := []*overheadTarget{{Name: "a", Estimate: 1000}, {Name: "b", Estimate: 1000}, {Name: "c", Estimate: 1000}}
+	c := &capacities{limit: map[string]float64{"a": 5000, "b": 5000, "c": 5000}}
+	searchMaxRates(context.Background(), ts, testPlan, c.measure)
+	got := strings.Join(c.order[:9], "")
+	if got != "abcbcacab" {
+		t.Errorf("order of the first three fractions %q, want abcbcacab", got)
+	}
+	for _, tg := range ts {
+		if tg.MaxRate != 1950 || tg.StopWhy != "" {
+			t.Errorf("%s: max %v (%q), want 1950 with no failure: the search goes on, up to twice the estimate", tg.Name, tg.MaxRate, tg.StopWhy)
+		}
+	}
+}
+
+func TestSearchMaxRatesRetriesAFailedStep(t *testing.T) {
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 960}, flaky: map[float64]bool{850: true}}
+	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
+	// 850 fails once and passes on its second run; 1050 fails twice, and
+	// the bisection tries 1000 and 975, which fail too.
+	if a.MaxRate != 950 {
+		t.Errorf("max rate %v, want 950", a.MaxRate)
+	}
+	if !strings.HasPrefix(a.StopWhy, "975/s: ") {
+		t.Errorf("stop reason %q, want the failure at 975", a.StopWhy)
+	}
+}
+
+func TestSearchMaxRatesStepsDownFromAFailedStart(t *testing.T) {
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 400}}
+	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
+	// 600 fails twice; 360 passes.
+	if a.MaxRate != 360 || !strings.HasPrefix(a.StopWhy, "600/s: ") {
+		t.Errorf("max rate %v (%q), want 360, stopped at 600", a.MaxRate, a.StopWhy)
+	}
+}
