@@ -99,7 +99,7 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		rounds                      int
 		search                      ratePlan
 	}{32, 2 * time.Second, 2 * time.Second, 3 * time.Second, 6 * time.Second, 7,
-		ratePlan{Fractions: []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}, StepFraction: 0.1, MaxFraction: 2, Refine: 2}}
+		ratePlan{Fractions: []float64{0.6, 0.75, 0.85, 0.95, 1.05, 1.15}, StepFraction: 0.1, MaxFraction: 2, Refine: 2, Rest: time.Second}}
 	// Seven rounds: a round's p99 on 2 shared cores swings by several ms
 	// with whatever else the machine schedules, and the median of fewer
 	// let one or two disturbed rounds decide the p99 comparison.

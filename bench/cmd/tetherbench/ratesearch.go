@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 )
 
 // ratePlan is how the overhead scenario looks for each target's highest
@@ -22,12 +23,16 @@ import (
 // failure: two targets a few per cent apart are not decided by where their
 // grids happened to fall. A target whose first rate already fails steps
 // down instead (×0.6, twice), so that a loaded machine still yields a rate
-// rather than none.
+// rather than none. A step that follows a failed one, whichever target's,
+// starts after Rest without load: an overloaded step leaves queues and
+// grown heaps behind in the proxy and the backends, and the next step would
+// be judged on the one before it.
 type ratePlan struct {
 	Fractions    []float64 // rising
 	StepFraction float64
 	MaxFraction  float64
 	Refine       int
+	Rest         time.Duration
 }
 
 // fraction is the plan's i-th fraction of the estimate.
@@ -45,8 +50,13 @@ func (p ratePlan) fraction(i int) float64 {
 // failed).
 func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePlan, measure func(t *overheadTarget, rate float64) overheadStep) {
 	stopRate := map[*overheadTarget]float64{}
+	lastFailed := false
 	try := func(t *overheadTarget, rate float64) bool {
+		if lastFailed {
+			sleep(ctx, plan.Rest)
+		}
 		st := measure(t, rate)
+		lastFailed = !st.OK
 		t.Steps = append(t.Steps, st)
 		switch {
 		case st.OK:
@@ -105,5 +115,18 @@ func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePla
 				}
 			}
 		}
+	}
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }

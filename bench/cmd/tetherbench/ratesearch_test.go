@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // capacities is a fake load test: a target sustains every rate up to its
@@ -82,5 +83,30 @@ func TestSearchMaxRatesStepsDownFromAFailedStart(t *testing.T) {
 	// 600 fails twice; 360 passes.
 	if a.MaxRate != 360 || !strings.HasPrefix(a.StopWhy, "600/s: ") {
 		t.Errorf("max rate %v (%q), want 360, stopped at 600", a.MaxRate, a.StopWhy)
+	}
+}
+
+func TestSearchMaxRatesRestsAfterAFailedStep(t *testing.T) {
+	plan := testPlan
+	plan.Rest = 20 * time.Millisecond
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	b := &overheadTarget{Name: "b", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 900, "b": 1200}}
+	var prev time.Time
+	prevFailed, rests := false, 0
+	searchMaxRates(context.Background(), []*overheadTarget{a, b}, plan, func(tg *overheadTarget, rate float64) overheadStep {
+		now := time.Now()
+		if prevFailed {
+			if gap := now.Sub(prev); gap < plan.Rest {
+				t.Errorf("%s at %v: started %v after a failed step, want a rest of %v first", tg.Name, rate, gap, plan.Rest)
+			}
+			rests++
+		}
+		st := c.measure(tg, rate)
+		prev, prevFailed = time.Now(), !st.OK
+		return st
+	})
+	if rests == 0 {
+		t.Fatal("no step followed a failed one: the test tests nothing")
 	}
 }
