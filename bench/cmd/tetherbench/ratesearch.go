@@ -49,7 +49,11 @@ func (p ratePlan) fraction(i int) float64 {
 // the failure at the lowest rate above every sustained one ("" when none
 // failed).
 func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePlan, measure func(t *overheadTarget, rate float64) overheadStep) {
-	stopRate := map[*overheadTarget]float64{}
+	defer func() {
+		for _, t := range targets {
+			t.StopWhy = stopReason(t)
+		}
+	}()
 	lastFailed := false
 	try := func(t *overheadTarget, rate float64) bool {
 		if lastFailed {
@@ -58,16 +62,8 @@ func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePla
 		st := measure(t, rate)
 		lastFailed = !st.OK
 		t.Steps = append(t.Steps, st)
-		switch {
-		case st.OK:
+		if st.OK {
 			t.MaxRate = max(t.MaxRate, rate)
-			if rate >= stopRate[t] {
-				delete(stopRate, t)
-				t.StopWhy = ""
-			}
-		case stopRate[t] == 0 || rate < stopRate[t]:
-			stopRate[t] = rate
-			t.StopWhy = fmt.Sprintf("%.0f/s: %s", rate, st.Why)
 		}
 		return st.OK
 	}
@@ -116,6 +112,21 @@ func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePla
 			}
 		}
 	}
+}
+
+// stopReason is the failed step of t at the lowest rate above its max
+// rate, "" when there is none.
+func stopReason(t *overheadTarget) string {
+	var stop *overheadStep
+	for i, st := range t.Steps {
+		if !st.OK && st.Rate > t.MaxRate && (stop == nil || st.Rate < stop.Rate) {
+			stop = &t.Steps[i]
+		}
+	}
+	if stop == nil {
+		return ""
+	}
+	return fmt.Sprintf("%.0f/s: %s", stop.Rate, stop.Why)
 }
 
 // sleep waits for d or until ctx ends.

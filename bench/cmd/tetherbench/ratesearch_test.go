@@ -110,3 +110,15 @@ func TestSearchMaxRatesRestsAfterAFailedStep(t *testing.T) {
 		t.Fatal("no step followed a failed one: the test tests nothing")
 	}
 }
+
+// A bisection step that fails once and passes its second run leaves the
+// failure above it as the reason the search stopped (it was cleared).
+func TestSearchMaxRatesStopReasonAfterARetriedMidpoint(t *testing.T) {
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 1090}, flaky: map[float64]bool{1075: true}}
+	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
+	// 1150 fails twice; 1100 fails twice; 1075 fails, then passes.
+	if a.MaxRate != 1075 || !strings.HasPrefix(a.StopWhy, "1100/s: ") {
+		t.Errorf("max rate %v (%q), want 1075, stopped at 1100", a.MaxRate, a.StopWhy)
+	}
+}
