@@ -112,7 +112,8 @@ func TestSearchMaxRatesRestsAfterAFailedStep(t *testing.T) {
 }
 
 // A bisection step that fails once and passes its second run leaves the
-// failure above it as the reason the search stopped (it was cleared).
+// failure above it as the reason the search stopped (a first version of
+// the search cleared the reason on that pass).
 func TestSearchMaxRatesStopReasonAfterARetriedMidpoint(t *testing.T) {
 	a := &overheadTarget{Name: "a", Estimate: 1000}
 	c := &capacities{limit: map[string]float64{"a": 1090}, flaky: map[float64]bool{1075: true}}
