@@ -16,7 +16,7 @@ import (
 const defaultMemoryReleaseAfter = 5 * time.Second
 
 // quietAllocation is the most a process may allocate in a quiet spell: a
-// tether serving requests allocates that in a fraction of a second (3 KB
+// tether serving requests allocates that in a fraction of a second (2 KB
 // or so a follow-up), an idle one not in minutes.
 const quietAllocation = 1 << 20
 

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// goalOf is the runtime's heap goal for a live heap at GOGC=percent (stacks
+// and globals left out): the larger of the scaled minimum and the live heap
+// grown by the percentage.
+func goalOf(live uint64, percent int) uint64 {
+	return max(heapMinimum*uint64(percent)/100, live+live*uint64(percent)/100)
+}
+
+// The percentage leaves the headroom above the live heap, is the least that
+// does (one point less would not), never goes below GOGC's default, and is
+// bounded for a heap near empty.
+func TestGCPercentFor(t *testing.T) {
+	for _, live := range []uint64{0, 1, 100 << 10, 1 << 20, 2 << 20, 3<<20 + 12345, 4 << 20, 6 << 20, 8 << 20, 9 << 20, 64 << 20, 1 << 30} {
+		pct := gcPercentFor(live)
+		if pct < 100 || pct > maxGCPercent {
+			t.Errorf("live %d: GOGC %d, outside [100, %d]", live, pct, maxGCPercent)
+		}
+		want := live + gcHeadroom
+		// Integer percentages: the goal may fall short by what one
+		// percent of the larger term is worth.
+		slack := max(heapMinimum, live) / 100
+		if goal := goalOf(live, pct); goal+slack < want && pct < maxGCPercent {
+			t.Errorf("live %d: GOGC %d gives a goal of %d, less than live+headroom %d", live, pct, goal, want)
+		}
+		if pct > 100 {
+			if goal := goalOf(live, pct-1); goal >= want {
+				t.Errorf("live %d: GOGC %d is not the least: %d gives a goal of %d ≥ %d", live, pct, pct-1, goal, want)
+			}
+		}
+	}
+	if got := gcPercentFor(64 << 20); got != 100 {
+		t.Errorf("a 64 MiB live heap: GOGC %d, want the default 100", got)
+	}
+}
+
+// Against the runtime's own collections: each one sets the percentage for
+// the live heap it found (with a live figure of the test's), small moves
+// are not followed, a return to the default is, and once the context ends
+// GOGC is 100 again and later collections set nothing.
+func TestGCPacer(t *testing.T) {
+	var mu sync.Mutex
+	var sets []int
+	var live uint64
+	p := &gcPacer{percent: 100,
+		live: func() uint64 { mu.Lock(); defer mu.Unlock(); return live },
+		set:  func(v int) int { mu.Lock(); defer mu.Unlock(); sets = append(sets, v); return 0 },
+	}
+	setLive := func(v uint64) { mu.Lock(); live = v; mu.Unlock() }
+	lastSet := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sets) == 0 {
+			return 0, 0
+		}
+		return sets[len(sets)-1], len(sets)
+	}
+	// awaitSets collects until the pacer has made n settings.
+	awaitSets := func(n int) int {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			if v, got := lastSet(); got >= n {
+				return v
+			}
+			if time.Now().After(deadline) {
+				_, got := lastSet()
+				t.Fatalf("%d settings after 10 s of collections, want %d", got, n)
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond) // the cleanup runs on its own goroutine
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	setLive(2 << 20)
+	p.start(ctx)
+	if v := awaitSets(1); v != gcPercentFor(2<<20) {
+		t.Fatalf("live 2 MiB: GOGC set to %d, want %d", v, gcPercentFor(2<<20))
+	}
+
+	// A live heap 2% larger: within a tenth of the percentage, not followed.
+	setLive(2<<20 + 40<<10)
+	for range 5 {
+		runtime.GC()
+	}
+	setLive(64 << 20)
+	if v := awaitSets(2); v != 100 {
+		t.Fatalf("live 64 MiB: GOGC set to %d, want 100", v)
+	}
+	if _, n := lastSet(); n != 2 {
+		t.Fatalf("%d settings, want 2: a 2%% move of the live heap was followed", n)
+	}
+
+	setLive(1 << 20)
+	awaitSets(3)
+	cancel()
+	// The stop runs on a goroutine of its own (context.AfterFunc).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, n := lastSet(); n >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("GOGC not put back 10 s after the context ended")
+		}
+	}
+	if v, n := lastSet(); v != 100 || n != 4 {
+		t.Fatalf("after the context ended: last setting %d (%d in all), want 100 (4)", v, n)
+	}
+	setLive(2 << 20)
+	for range 5 {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	if _, n := lastSet(); n != 4 {
+		t.Fatalf("%d settings after the context ended, want 4", n)
+	}
+}
+
+// GOGC in the environment is the operator's: no pacer.
+func TestGCPacerLeavesGOGCSet(t *testing.T) {
+	if p := startGCPacer(context.Background(), slog.New(slog.DiscardHandler), func(k string) string {
+		if k == "GOGC" {
+			return "200"
+		}
+		return ""
+	}); p != nil {
+		t.Fatal("a pacer started with GOGC set")
+	}
+}
