@@ -136,12 +136,10 @@ func (s sentRequest) header() h1.Fields {
 // directRequest is the same request without a map or a request of its own.
 // fields is its header as a list.
 func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) (out *http.Request, fields h1.Fields) {
-	o := &x.first
-	if x.attempts > 0 {
-		// An earlier attempt's request may still be read by the transport
-		// (a write that outlives a failed round trip): never reuse it.
-		o = new(outgoing)
-	}
+	// Not in the exchange: a transport may read a request's body after
+	// RoundTrip returns (a write that outlives an early answer or a failed
+	// round trip), and an exchange is reused once its request is over.
+	o := new(outgoing)
 	x.attempts++
 	ep := x.ep
 

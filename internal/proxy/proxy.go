@@ -231,11 +231,10 @@ type exchange struct {
 	span  trace.Span // the server span; nil when tracing is off
 
 	// What attempts share (forward.go): the direct request of every
-	// attempt on tether's own client (direct.go); for other transports, the
-	// first attempt's URL and body reader, one allocation less (later ones
-	// get their own).
+	// attempt on tether's own client (direct.go), which writes it before
+	// its round trip returns. Other transports get requests of their own
+	// (outgoingRequest).
 	direct   directRequest
-	first    outgoing
 	attempts int
 	getBody  func() (io.ReadCloser, error) // rebuilds the request body for the transport
 }
@@ -246,8 +245,9 @@ type exchange struct {
 // allocated bytes, and the allocation rate sets how often the collector
 // runs, a cycle costing the same for one request a second or thousands.
 // Nothing keeps a pointer into an exchange once ServeFields returns: the
-// direct request is written before the round trip returns, what a
-// session record or a replay keeps is copied, and the client's answer is
+// direct request is written before the round trip returns (a request for
+// another transport, which may read it later, is not the exchange's), what
+// a session record or a replay keeps is copied, and the client's answer is
 // h1's, not the exchange's status recorder.
 var exchanges = sync.Pool{New: func() any { return new(exchange) }}
 
