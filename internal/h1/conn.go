@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -94,6 +95,11 @@ type conn struct {
 
 	body   body
 	resp   response
+	// req and url are the running request's, reused between requests: a
+	// handler does not keep its request past its return (net/http's rule),
+	// and they were two allocations of every request.
+	req    http.Request
+	url    url.URL
 	header http.Header // the response header map, cleared between requests
 	fields Fields      // the request's fields, reused between requests (keptFields)
 
@@ -226,7 +232,7 @@ func (c *conn) readHead() (head, error) {
 			return head{}, errHandOff
 		}
 		if end >= 0 {
-			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0])
+			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0], &c.url)
 			if !ok {
 				return head{}, errHandOff
 			}
@@ -379,7 +385,9 @@ func (c *conn) serveRequest(h *head) bool {
 		RequestURI:    h.target,
 		Close:         h.close,
 	}
-	req := r.WithContext(ctx)
+	// WithContext's copy stays on the stack: the request is c's.
+	c.req = *r.WithContext(ctx)
+	req := &c.req
 	if c.header == nil {
 		c.header = make(http.Header)
 	}
@@ -403,6 +411,9 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 	w.release()
 	clear(c.header)
+	// An idle connection keeps nothing of its last request: the request
+	// and its URL point into the head, and at its context.
+	c.req, c.url = http.Request{}, url.URL{}
 	return !c.srv.closing.Load()
 }
 

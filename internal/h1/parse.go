@@ -126,12 +126,13 @@ func common[K string | []byte](k K) int {
 const maxHeaderLines = 256
 
 // parseHead parses a request head: block is the head as one string,
-// through the blank line that ends it; its fields are appended to dst.
-// ok is false when the request is not of the fast shape, or is malformed:
-// net/http is to answer it.
-func parseHead(block string, dst Fields) (h head, ok bool) {
+// through the blank line that ends it; its fields are appended to dst,
+// and its URL is u (a new one when u is nil). ok is false when the
+// request is not of the fast shape, or is malformed: net/http is to
+// answer it.
+func parseHead(block string, dst Fields, u *url.URL) (h head, ok bool) {
 	line, rest, _ := strings.Cut(block, "\r\n")
-	if h, ok = parseRequestLine(line); !ok {
+	if h, ok = parseRequestLine(line, u); !ok {
 		return head{}, false
 	}
 	// As net/http's server: the Host header is Request.Host, not a field
@@ -315,7 +316,7 @@ func trimOWS(v string) string {
 }
 
 // parseRequestLine parses "METHOD /target HTTP/1.1".
-func parseRequestLine(line string) (h head, ok bool) {
+func parseRequestLine(line string, u *url.URL) (h head, ok bool) {
 	m, rest, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(rest, " ")
 	if !ok1 || !ok2 || proto != "HTTP/1.1" {
@@ -324,9 +325,13 @@ func parseRequestLine(line string) (h head, ok bool) {
 	if h.method, ok = method(m); !ok {
 		return head{}, false
 	}
-	if h.url, ok = parseTarget(target); !ok {
+	if u == nil {
+		u = new(url.URL)
+	}
+	if !parseTarget(target, u) {
 		return head{}, false
 	}
+	h.url = u
 	h.target = target
 	return h, true
 }
@@ -334,16 +339,21 @@ func parseRequestLine(line string) (h head, ok bool) {
 // parseTarget parses an origin-form request target. A target of plain
 // characters is split by hand, to the same URL url.ParseRequestURI makes
 // of it; any other goes through url.ParseRequestURI itself.
-func parseTarget(target string) (*url.URL, bool) {
+func parseTarget(target string, u *url.URL) bool {
 	if target == "" || target[0] != '/' {
-		return nil, false // absolute form, asterisk form: net/http's
+		return false // absolute form, asterisk form: net/http's
 	}
 	path, query, hasQuery := strings.Cut(target, "?")
 	if plainPath(path) && plainQuery(query) {
-		return &url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}, true
+		*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+		return true
 	}
-	u, err := url.ParseRequestURI(target)
-	return u, err == nil
+	parsed, err := url.ParseRequestURI(target)
+	if err != nil {
+		return false
+	}
+	*u = *parsed
+	return true
 }
 
 // plainPath reports whether url.ParseRequestURI would take path as it is:
