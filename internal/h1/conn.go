@@ -93,8 +93,8 @@ type conn struct {
 	buf  []byte
 	r, w int
 
-	body   body
-	resp   response
+	body body
+	resp response
 	// req and url are the running request's, reused between requests: a
 	// handler does not keep its request past its return (net/http's rule),
 	// and they were two allocations of every request.
