@@ -522,6 +522,11 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Buffered reports whether the rest of the body has already been read
+// from the connection (a small body arrives with its head): reading it
+// cannot wait for the client, so a deadline for it bounds nothing.
+func (b *body) Buffered() bool { return int64(b.c.w-b.c.r) >= b.remain }
+
 // readSocket is a body's read of the socket, with the request's deadline.
 func (c *conn) readSocket(p []byte) (int, error) {
 	c.mu.Lock()

@@ -832,3 +832,46 @@ func TestReleaseFields(t *testing.T) {
 		t.Errorf("a list of %d kept", cap(c.fields))
 	}
 }
+
+// TestBodyBuffered: a body that came whole with its head is reported as
+// buffered (a handler need not bound its reads); one still arriving is
+// not.
+func TestBodyBuffered(t *testing.T) {
+	asked := make(chan bool, 1)
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, ok := r.Body.(interface{ Buffered() bool })
+		asked <- ok && b.Buffered()
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Write(body)
+	}))
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789")
+	if !<-asked {
+		t.Error("a body that came with its head: not buffered")
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+	if <-asked {
+		t.Error("a body 7 bytes short: buffered")
+	}
+	io.WriteString(c, "defghij")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	if string(got) != "abcdefghij" {
+		t.Errorf("body %q, want abcdefghij", got)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -128,9 +129,11 @@ func (p *Proxy) LimitStats() telemetry.LimitStat {
 // ending a long SSE response (golang/go#18447, #70834). The background
 // read starts when the body has been read to its end (or at once, for a
 // request without one); so the deadline is set only on requests with a
-// body, before it is read, and cleared as soon as it has been.
+// body, before it is read, and cleared as soon as it has been. A body the
+// server has already read whole (h1's, for a body that came with its
+// head: most) cannot stall, and gets none.
 func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request, h h1.Fields) (classification, *requestError) {
-	if r.Body == nil || r.Body == http.NoBody {
+	if r.Body == nil || r.Body == http.NoBody || bodyBuffered(r.Body) {
 		return classify(r, h, p.maxBody, &p.bodies)
 	}
 	rc := http.NewResponseController(w)
@@ -143,6 +146,13 @@ func (p *Proxy) classifyBounded(w http.ResponseWriter, r *http.Request, h h1.Fie
 		rc.SetReadDeadline(time.Time{})
 	}
 	return c, rerr
+}
+
+// bodyBuffered reports a request body whose rest the server has already
+// read from the connection (h1's Buffered).
+func bodyBuffered(body io.Reader) bool {
+	b, ok := body.(interface{ Buffered() bool })
+	return ok && b.Buffered()
 }
 
 // refuse answers a request refused before routing.
