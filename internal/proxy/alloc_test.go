@@ -16,10 +16,12 @@ import (
 // follow-up (classify, session lookup, the outgoing request, the relay)
 // through a transport other than tether's own client, which gets an
 // *http.Request (TestFollowUpAllocationsDirect has tether's client):
-// issue 12 sets 15. It is at 9 now: the exchange, the body, the outgoing
-// request, its header map (two), the body's GetBody, the answer made one
-// with header fields (h1.AnswerOf), and the growth of the client's header
-// map and the values added to it.
+// issue 12 sets 15. It is at 12 now (go test -run TestFollowUpAllocations
+// -v): the body, and for the rest the *http.Request such a transport gets
+// (its URL and body reader, never the pooled exchange's since the
+// transport may read them after RoundTrip; its header list and map, its
+// GetBody, its context copy), the answer made one with header fields
+// (h1.AnswerOf) and the client's header map it is copied into.
 const maxOwnAllocs = 15
 
 // sink keeps what the harness builds on the heap, as ServeHTTP does.
@@ -53,12 +55,12 @@ func TestFollowUpAllocations(t *testing.T) {
 // maxDirectAllocs bounds the allocations of tether's own path for a sticky
 // follow-up over tether's own HTTP/1.1 client, as the binary runs it
 // (TestFollowUpAllocations's transport is a canned one, handed the
-// *http.Request that other transports get). It is at 7 now: the exchange,
-// the body, the backend's answer as h1.ReadAnswer reads it (the answer
-// with its response, body and header fields, and its head as a string),
-// the client's wrapper of the answer's body, and context.AfterFunc's two
-// (the context and its stop func), which h1.AfterCancel falls back to for
-// this test's context. For the context of a request h1 serves, as in the
+// *http.Request that other transports get). It is at 5 now (7 before the
+// exchange was pooled): the body, the backend's answer as h1.ReadAnswer
+// reads it (the answer with its response, body and header fields, and its
+// head as a string), the client's wrapper of the answer's body, and what
+// h1.AfterCancel falls back to for this test's context (context.AfterFunc).
+// For the context of a request h1 serves, as in the
 // binary, AfterCancel makes none of them, nor the Done channel and the
 // children's map AfterFunc would make there (internal/server's
 // BenchmarkFollowUp counts the whole server's allocations). No header
