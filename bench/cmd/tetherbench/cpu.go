@@ -19,7 +19,8 @@ import (
 //	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/a,/tmp/b -rounds 6
 //
 // It prints each round's figures and the median per target, with its ratio
-// to nginx's, split into user space and the kernel (utime and stime), and
+// to nginx's, then each target's CPU against the first target's and
+// nginx's paired by round (what an A/B of two builds should read), split into user space and the kernel (utime and stime), and
 // the context switches of all the target's threads per follow-up: a
 // proxy's kernel work per request is mostly the same sockets' reads and
 // writes whatever the proxy, so the split says whether a difference is in
@@ -131,26 +132,61 @@ func cpuCommand(ctx context.Context, args []string) error {
 				round+1, t.name, n, per1k, t.user[round], t.sys[round], t.switches[round], ms(s.P99), s.Errors)
 		}
 	}
-	median := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
-	var ngx float64
+	var ngx *target
 	for _, t := range targets {
 		if t.name == "nginx" {
-			ngx = median(t.cpu)
+			ngx = t
 		}
 	}
 	fmt.Println()
 	for _, t := range targets {
 		m := median(t.cpu)
 		ratio := ""
-		if ngx > 0 {
-			ratio = fmt.Sprintf("  %.2f× nginx", m/ngx)
+		if ngx != nil {
+			ratio = fmt.Sprintf("  %.2f× nginx", m/median(ngx.cpu))
 		}
 		fmt.Printf("%-24s median %.3f s/1k%s  (user %.3f, kernel %.3f; %.2f context switches per follow-up)\n",
 			t.name, m, ratio, median(t.user), median(t.sys), median(t.switches))
 	}
+	// Paired by round: the machine's speed drifts between rounds more
+	// than two builds differ, and a round's targets share its drift.
+	refs := []*target{targets[0]}
+	if ngx != nil {
+		refs = append(refs, ngx)
+	}
+	fmt.Println()
+	for _, ref := range refs {
+		for _, t := range targets {
+			if t == ref {
+				continue
+			}
+			p := pairedRatios(t.cpu, ref.cpu)
+			fmt.Printf("%-24s %.3f× %s by round (median; %.3f–%.3f over %d rounds)\n", t.name, p.median, ref.name, p.lo, p.hi, len(t.cpu))
+		}
+	}
 	return nil
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// paired is a target's CPU against a reference's, round by round.
+type paired struct{ median, lo, hi float64 }
+
+// pairedRatios is the median, least and greatest of a[i]/b[i], the
+// rounds where both were measured.
+func pairedRatios(a, b []float64) paired {
+	var r []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			r = append(r, a[i]/b[i])
+		}
+	}
+	if len(r) == 0 {
+		return paired{}
+	}
+	return paired{median(r), slices.Min(r), slices.Max(r)}
 }
