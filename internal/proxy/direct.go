@@ -59,7 +59,6 @@ func (p *Proxy) directRequest(r *http.Request, x *exchange) *directRequest {
 	if d.url.Host == "" || !h1.RequestWritable(r.Method, &d.url, d.host) {
 		return nil
 	}
-	x.attempts++
 	d.r = r
 	d.addr = dialAddr(d.url.Host)
 	d.body = x.class.Body

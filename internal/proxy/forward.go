@@ -140,7 +140,6 @@ func (p *Proxy) outgoingRequest(r *http.Request, x *exchange) (out *http.Request
 	// RoundTrip returns (a write that outlives an early answer or a failed
 	// round trip), and an exchange is reused once its request is over.
 	o := new(outgoing)
-	x.attempts++
 	ep := x.ep
 
 	setOutgoingURL(&o.url, ep.URL, r.URL)

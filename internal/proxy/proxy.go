@@ -234,9 +234,8 @@ type exchange struct {
 	// attempt on tether's own client (direct.go), which writes it before
 	// its round trip returns. Other transports get requests of their own
 	// (outgoingRequest).
-	direct   directRequest
-	attempts int
-	getBody  func() (io.ReadCloser, error) // rebuilds the request body for the transport
+	direct  directRequest
+	getBody func() (io.ReadCloser, error) // rebuilds the request body for the transport
 }
 
 // exchanges holds the exchanges of finished requests. An exchange is a
