@@ -89,19 +89,22 @@ func (p *gcPacer) stop() {
 	}
 }
 
-// apply sets GOGC for a live heap of live bytes, when it differs from
-// the one set by a tenth or more (the live heap moves a little with every
-// cycle; the goal need not follow it exactly).
+// applyLocked sets GOGC for a live heap of live bytes when it differs
+// from the one set by a tenth or more, or is back to the default (the
+// live heap moves a little with every cycle; the goal need not follow it
+// exactly). p.mu is held.
 func (p *gcPacer) applyLocked(live uint64) {
 	want := gcPercentFor(live)
 	if want == p.percent {
 		return
 	}
-	if diff := want - p.percent; want == 100 || diff*10 >= p.percent || -diff*10 >= p.percent {
+	if want == 100 || 10*abs(want-p.percent) >= p.percent {
 		p.set(want)
 		p.percent = want
 	}
 }
+
+func abs(n int) int { return max(n, -n) }
 
 // gcPercentFor is the least GOGC, and at least 100, whose heap goal leaves
 // gcHeadroom above a live heap of live bytes.

@@ -19,14 +19,15 @@ import (
 //	cd bench && go run ./cmd/tetherbench cpu -tether /tmp/a,/tmp/b -rounds 6
 //
 // It prints each round's figures and the median per target, with its ratio
-// to nginx's, then each target's CPU against the first target's and
-// nginx's paired by round (what an A/B of two builds should read), split into user space and the kernel (utime and stime), and
-// the context switches of all the target's threads per follow-up: a
-// proxy's kernel work per request is mostly the same sockets' reads and
-// writes whatever the proxy, so the split says whether a difference is in
-// the proxy's own code or in how often it sleeps and wakes. The figures are not the report's (no latency, no rate
-// search); they answer "did this change make tether cheaper than that
-// one", quickly.
+// to nginx's, split into user space and the kernel (utime and stime), and
+// the context switches of all the target's threads per follow-up; then each
+// target's CPU against the first target's and nginx's, paired by round
+// (what an A/B of two builds should read). A proxy's kernel work per
+// request is mostly the same sockets' reads and writes whatever the proxy,
+// so the split says whether a difference is in the proxy's own code or in
+// how often it sleeps and wakes. The figures are not the report's (no
+// latency, no rate search); they answer "did this change make tether
+// cheaper than that one", quickly.
 func cpuCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cpu", flag.ContinueOnError)
 	tethers := fs.String("tether", "", "comma-separated tether binaries (default: go build ./cmd/tether)")
