@@ -33,20 +33,21 @@ func RawIO(c net.Conn) net.Conn {
 	r := &rawConn{TCPConn: tc, rc: rc}
 	// Bound once: a closure per call would allocate.
 	r.readFD, r.readIdleFD, r.writeFD = r.readOnce, r.readIdleOnce, r.writeAll
+	r.writeReadFD = r.writeThenReadOnce
 	return r
 }
 
 type rawConn struct {
 	*net.TCPConn
-	rc                          syscall.RawConn
-	readFD, readIdleFD, writeFD func(fd uintptr) bool
-	rbuf                        []byte
-	idleBuf                     *[]byte // readIdle's buffer
-	rn                          int
-	rerr                        syscall.Errno
-	wbuf                        []byte
-	wn                          int
-	werr                        syscall.Errno
+	rc                                       syscall.RawConn
+	readFD, readIdleFD, writeFD, writeReadFD func(fd uintptr) bool
+	rbuf                                     []byte
+	idleBuf                                  *[]byte // readIdle's buffer
+	rn                                       int
+	rerr                                     syscall.Errno
+	wbuf                                     []byte
+	wn                                       int
+	werr                                     syscall.Errno
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -114,6 +115,62 @@ func (c *rawConn) readOnce(fd uintptr) bool {
 		}
 		return true
 	}
+}
+
+// WriteThenRead writes w, then reads into p the first bytes that arrive
+// after it: a request, then the start of its answer. Both happen in one
+// RawConn.Read, whose poller wait is armed before w is written, so the
+// read is made only once the poller has seen bytes arrive. Read after
+// Write would first try a read that finds nothing (EAGAIN, a system call
+// of a microsecond or two on a virtual machine) and only then wait. Bytes
+// that were already waiting before w was written (none, between the
+// requests of an HTTP/1.1 connection) are read when the next ones arrive.
+//
+// written is how much of w reached the socket; err is the write's when
+// written < len(w), the read's otherwise. A write that finds the socket's
+// buffer full goes on as Write does, waiting for room, and the read as
+// Read does.
+func (c *rawConn) WriteThenRead(w, p []byte) (written, n int, err error) {
+	c.wbuf, c.wn, c.werr = w, 0, 0
+	c.rbuf, c.rn, c.rerr = p, 0, 0
+	rerr := c.rc.Read(c.writeReadFD)
+	written, c.wbuf = c.wn, nil
+	switch {
+	case rerr != nil && written < len(w):
+		c.rbuf = nil
+		return written, 0, c.opError("write", rerr)
+	case c.werr != 0:
+		c.rbuf = nil
+		return written, 0, c.opError("write", os.NewSyscallError("write", c.werr))
+	case written < len(w):
+		// The socket's buffer is full: the rest waits for room.
+		c.rbuf = nil
+		more, err := c.Write(w[written:])
+		written += more
+		if err != nil {
+			return written, 0, err
+		}
+		n, err := c.Read(p)
+		return written, n, err
+	}
+	c.rbuf = nil
+	n, err = c.readResult(rerr)
+	return written, n, err
+}
+
+// writeThenReadOnce is WriteThenRead's step: while wbuf is not all
+// written, a write (true stops the wait: the write failed or would
+// block); then a read, but not on the call that completed the write: the
+// answer cannot have come before its request, and the poller, armed
+// before the write, wakes the wait when it comes.
+func (c *rawConn) writeThenReadOnce(fd uintptr) bool {
+	if c.wn < len(c.wbuf) {
+		if !c.writeAll(fd) || c.werr != 0 {
+			return true
+		}
+		return false
+	}
+	return c.readOnce(fd)
 }
 
 func (c *rawConn) Write(p []byte) (int, error) {

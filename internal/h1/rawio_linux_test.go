@@ -116,3 +116,124 @@ func TestRawIO(t *testing.T) {
 		}
 	})
 }
+
+// answerAfter has peer read want bytes, then write answer.
+func answerAfter(peer net.Conn, want int, answer string) chan error {
+	done := make(chan error, 1)
+	go func() {
+		if _, err := io.ReadFull(peer, make([]byte, want)); err != nil {
+			done <- err
+			return
+		}
+		_, err := peer.Write([]byte(answer))
+		done <- err
+	}()
+	return done
+}
+
+// TestWriteThenRead: a request and its answer in one wait; what the peer
+// sent before the request is not lost; a write larger than the socket
+// buffers goes on as Write does; failures of the write and of the read are
+// told apart by written.
+func TestWriteThenRead(t *testing.T) {
+	t.Run("request and answer", func(t *testing.T) {
+		r, peer := rawPair(t)
+		done := answerAfter(peer, 7, "answer")
+		p := make([]byte, 64)
+		written, n, err := WriteThenRead(r, []byte("request"), p)
+		if err != nil || written != 7 || string(p[:n]) != "answer" {
+			t.Fatalf("written %d, read %q, %v", written, p[:n], err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("bytes waiting before the write", func(t *testing.T) {
+		r, peer := rawPair(t)
+		peer.Write([]byte("early "))
+		// One byte read: the rest waits in the socket, and the poller has
+		// seen it arrive before WriteThenRead arms its wait.
+		got := make([]byte, 1, 64)
+		if _, err := io.ReadFull(r, got); err != nil {
+			t.Fatal(err)
+		}
+		done := answerAfter(peer, 7, "answer")
+		p := make([]byte, 64)
+		_, n, err := WriteThenRead(r, []byte("request"), p)
+		got = append(got, p[:n]...)
+		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for err == nil && len(got) < len("early answer") {
+			n, err = r.Read(p)
+			got = append(got, p[:n]...)
+		}
+		if err != nil || string(got) != "early answer" {
+			t.Fatalf("read %q, %v", got, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("larger than the socket buffers", func(t *testing.T) {
+		r, peer := rawPair(t)
+		big := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB
+		done := answerAfter(peer, len(big), "ok")
+		p := make([]byte, 64)
+		written, n, err := WriteThenRead(r, big, p)
+		if err != nil || written != len(big) || string(p[:n]) != "ok" {
+			t.Fatalf("written %d of %d, read %q, %v", written, len(big), p[:n], err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("no answer within the deadline", func(t *testing.T) {
+		r, peer := rawPair(t)
+		done := answerAfter(peer, 7, "")
+		r.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		written, _, err := WriteThenRead(r, []byte("request"), make([]byte, 64))
+		if written != 7 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("written %d, %v; want 7 and a timeout", written, err)
+		}
+		<-done
+	})
+	t.Run("peer reset", func(t *testing.T) {
+		r, peer := rawPair(t)
+		peer.(*net.TCPConn).SetLinger(0)
+		peer.Close()
+		w := []byte("after the reset")
+		for i := 0; ; i++ {
+			written, _, err := WriteThenRead(r, w, make([]byte, 64))
+			if err == nil {
+				t.Fatalf("a reset connection answered (written %d)", written)
+			}
+			var op *net.OpError
+			if !errors.As(err, &op) {
+				t.Fatalf("error %T %v, want a *net.OpError", err, err)
+			}
+			if written < len(w) {
+				if op.Op != "write" {
+					t.Fatalf("short write (%d) reported as a %s error: %v", written, op.Op, err)
+				}
+				return
+			}
+			if op.Op != "read" {
+				t.Fatalf("whole write, then a %s error: %v", op.Op, err)
+			}
+			if i == 100 {
+				t.Fatal("writes to a reset connection kept succeeding")
+			}
+		}
+	})
+	t.Run("not TCP", func(t *testing.T) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		done := answerAfter(b, 7, "answer")
+		p := make([]byte, 64)
+		written, n, err := WriteThenRead(a, []byte("request"), p)
+		if err != nil || written != 7 || string(p[:n]) != "answer" {
+			t.Fatalf("written %d, read %q, %v", written, p[:n], err)
+		}
+		<-done
+	})
+}

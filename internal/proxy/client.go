@@ -100,6 +100,14 @@ type clientConn struct {
 	// readLimit is what may still be read of the socket: the rest of
 	// maxResponseHeadBytes while a head is read, unbounded otherwise.
 	readLimit int64
+	// The request's last bytes (all of a request that fits the writer's
+	// buffer), held for the first read of the answer to write (see Read):
+	// holdWrite makes Write keep them in pending, a slice of held's
+	// buffer, instead of writing them; writeErr is their write's failure.
+	holdWrite bool
+	pending   []byte
+	held      *bufio.Writer
+	writeErr  error
 	idleSince time.Time
 	// stop unregisters the current request's h1.AfterCancel, abortFunc
 	// (pc.abort, made once rather than for each request); aborted is set
@@ -111,7 +119,10 @@ type clientConn struct {
 
 // Read marks a reset that arrives before any byte of the answer (see
 // unreadRequestError). The request has been written in full by then: the
-// caller writes, then reads.
+// first read of an answer writes what the request held back (pending), in
+// the same wait as the read (h1.WriteThenRead), so that no read is tried
+// before the answer can have come; that write's failure is returned as it
+// is, and kept in writeErr.
 func (pc *clientConn) Read(p []byte) (int, error) {
 	if pc.readLimit <= 0 {
 		return 0, errHeadTooLong
@@ -119,7 +130,21 @@ func (pc *clientConn) Read(p []byte) (int, error) {
 	if int64(len(p)) > pc.readLimit {
 		p = p[:pc.readLimit]
 	}
-	n, err := pc.conn.Read(p)
+	var n int
+	var err error
+	if pc.pending != nil {
+		var written int
+		written, n, err = h1.WriteThenRead(pc.conn, pc.pending, p)
+		pc.written += int64(written)
+		short := written < len(pc.pending)
+		pc.releaseHeld()
+		if short {
+			pc.writeErr = err
+			return 0, err
+		}
+	} else {
+		n, err = pc.conn.Read(p)
+	}
 	pc.readLimit -= int64(n)
 	if n > 0 {
 		pc.unanswered = false
@@ -131,8 +156,13 @@ func (pc *clientConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Write counts the bytes of the request that reached the socket.
+// Write counts the bytes of the request that reached the socket. Under
+// holdWrite, it keeps p for the answer's first read to write instead.
 func (pc *clientConn) Write(p []byte) (int, error) {
+	if pc.holdWrite {
+		pc.pending = p
+		return len(p), nil
+	}
 	n, err := pc.conn.Write(p)
 	pc.written += int64(n)
 	return n, err
@@ -307,20 +337,21 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	bw.Reset(pc)
 	err = r.write(bw)
 	if err == nil {
+		// What is left in bw goes out with the answer's first read.
+		pc.holdWrite = true
 		err = bw.Flush()
+		pc.holdWrite = false
 	}
-	bw.Reset(nil)
-	backendWriters.Put(bw)
+	pc.held = bw
+	if pc.pending == nil {
+		pc.releaseHeld()
+	}
 	if pc.br == nil {
 		pc.br = backendReaders.Get().(*bufio.Reader)
 		pc.br.Reset(pc)
 	}
 	if err != nil {
-		if resp := pc.earlyAnswer(req); resp != nil {
-			return resp, pc, nil
-		}
-		pc.close()
-		return nil, pc, err
+		return pc.writeFailed(req, err)
 	}
 	var resp *h1.Answer
 	for range max1xxResponses + 1 {
@@ -333,6 +364,11 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	}
 	if err == nil && resp == nil {
 		err = errors.New("tether: too many 1xx answers from the backend")
+	}
+	pc.releaseHeld() // written by the first read, unless it never came
+	if werr := pc.writeErr; werr != nil {
+		pc.writeErr = nil
+		return pc.writeFailed(req, werr)
 	}
 	if err != nil {
 		pc.close()
@@ -351,6 +387,27 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	}
 	resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: reuse}
 	return resp, pc, nil
+}
+
+// writeFailed ends a request whose write failed: the backend's early
+// answer, if it sent one, else err.
+func (pc *clientConn) writeFailed(req *http.Request, err error) (*h1.Answer, *clientConn, error) {
+	if resp := pc.earlyAnswer(req); resp != nil {
+		return resp, pc, nil
+	}
+	pc.close()
+	return nil, pc, err
+}
+
+// releaseHeld gives the writer whose buffer held the request's last bytes
+// back to the pool, once they are written or will not be.
+func (pc *clientConn) releaseHeld() {
+	pc.pending = nil
+	if bw := pc.held; bw != nil {
+		pc.held = nil
+		bw.Reset(nil)
+		backendWriters.Put(bw)
+	}
 }
 
 // readResponse reads the head of an answer to req, within
