@@ -168,22 +168,25 @@ func gcCount() uint64 {
 // releasable is what a collection and a full scavenge would give back to
 // the OS that the heap would not grow into again before its next
 // collection: what it holds (its objects, dead ones included until the
-// next collection, and its free pages not yet given back) past its goal.
-// Up to the goal, the memory is the load's working set: given back, every
-// page of it is faulted in again by the next requests, and on a virtual
-// machine a fault costs some microseconds (tetherbench cpu, whose targets
-// take turns with 9 s of quiet between them: 13% more CPU per follow-up
-// with the whole heap given back at each quiet spell). Past it, it is what
-// a burst left behind.
+// next collection, and its free pages not yet given back) past its goal,
+// or past gcHeadroom above the live heap when the goal is further (a live
+// heap of 8 MiB or more, whose goal is twice it). Up to there, the memory
+// is the load's working set: given back, every page of it is faulted in
+// again by the next requests, and on a virtual machine a fault costs some
+// microseconds (tetherbench cpu, whose targets take turns with 9 s of
+// quiet between them: 13% more CPU per follow-up with the whole heap given
+// back at each quiet spell). Past it, it is what a burst left behind.
 func releasable() uint64 {
 	s := []metrics.Sample{
 		{Name: "/memory/classes/heap/objects:bytes"},
 		{Name: "/memory/classes/heap/free:bytes"},
 		{Name: "/gc/heap/goal:bytes"},
+		{Name: "/gc/heap/live:bytes"},
 	}
 	metrics.Read(s)
-	held, goal := s[0].Value.Uint64()+s[1].Value.Uint64(), s[2].Value.Uint64()
-	return held - min(held, goal)
+	held := s[0].Value.Uint64() + s[1].Value.Uint64()
+	keep := min(s[2].Value.Uint64(), s[3].Value.Uint64()+gcHeadroom)
+	return held - min(held, keep)
 }
 
 // allocatedBytes is the heap allocated since the process started.

@@ -102,20 +102,29 @@ func TestReleasable(t *testing.T) {
 		t.Errorf("releasable %d KiB after a release, want under %d", got>>10, minMemoryRelease>>10)
 	}
 
-	// A steady load: 16 MiB live, so a goal of 32 MiB, and garbage that
-	// the next collection would take, below the goal. What the heap holds
-	// is its working set (a count of the garbage would give 8 MiB).
-	live := make([][]byte, 0, 256)
-	for range 256 {
+	// A steady load: 32 MiB live, so a goal of 64 MiB, and garbage that
+	// the next collection would take, well below the collector's trigger.
+	// What the heap holds up to gcHeadroom past the live heap is its
+	// working set (a count of the garbage would give 6 MiB); past it, 8 MiB
+	// more garbage is releasable, though still below the goal.
+	live := make([][]byte, 0, 512)
+	for range 512 {
 		live = append(live, make([]byte, 64<<10))
 	}
 	runtime.GC()
-	for range 128 {
-		sink = append(sink, make([]byte, 64<<10)) // 8 MiB
+	for range 96 {
+		sink = append(sink, make([]byte, 64<<10)) // 6 MiB
 	}
 	sink = nil
 	if got := releasable(); got >= minMemoryRelease {
 		t.Errorf("releasable %d KiB under a steady load's heap, want under %d", got>>10, minMemoryRelease>>10)
+	}
+	for range 128 {
+		sink = append(sink, make([]byte, 64<<10)) // 8 MiB more
+	}
+	sink = nil
+	if got := releasable(); got < minMemoryRelease {
+		t.Errorf("releasable %d KiB with 14 MiB of garbage on 32 MiB live, want %d or more", got>>10, minMemoryRelease>>10)
 	}
 	runtime.KeepAlive(live)
 }
