@@ -134,17 +134,14 @@ func (c *rawConn) WriteThenRead(w, p []byte) (written, n int, err error) {
 	c.wbuf, c.wn, c.werr = w, 0, 0
 	c.rbuf, c.rn, c.rerr = p, 0, 0
 	rerr := c.rc.Read(c.writeReadFD)
-	written, c.wbuf = c.wn, nil
+	written, c.wbuf, c.rbuf = c.wn, nil, nil
 	switch {
 	case rerr != nil && written < len(w):
-		c.rbuf = nil
 		return written, 0, c.opError("write", rerr)
 	case c.werr != 0:
-		c.rbuf = nil
 		return written, 0, c.opError("write", os.NewSyscallError("write", c.werr))
 	case written < len(w):
 		// The socket's buffer is full: the rest waits for room.
-		c.rbuf = nil
 		more, err := c.Write(w[written:])
 		written += more
 		if err != nil {
@@ -153,7 +150,6 @@ func (c *rawConn) WriteThenRead(w, p []byte) (written, n int, err error) {
 		n, err := c.Read(p)
 		return written, n, err
 	}
-	c.rbuf = nil
 	n, err = c.readResult(rerr)
 	return written, n, err
 }
