@@ -78,6 +78,7 @@ func cpuCommand(ctx context.Context, args []string) error {
 		// Per round: CPU, and its user-space and kernel parts, in s per
 		// 1k; context switches per follow-up.
 		cpu, user, sys, switches []float64
+		p99                      []float64 // ms, per round
 	}
 	var targets []*target
 	for i, bin := range bins {
@@ -129,6 +130,7 @@ func cpuCommand(ctx context.Context, args []string) error {
 			t.user = append(t.user, cpuPer1k(after.User-before.User, n))
 			t.sys = append(t.sys, cpuPer1k(after.Sys-before.Sys, n))
 			t.switches = append(t.switches, float64(after.Switches-before.Switches)/float64(max(n, 1)))
+			t.p99 = append(t.p99, ms(s.P99))
 			fmt.Printf("round %d %-24s %5d req  %.3f s/1k (user %.3f, kernel %.3f)  %.2f switches/req  p99 %.2fms  errors %v\n",
 				round+1, t.name, n, per1k, t.user[round], t.sys[round], t.switches[round], ms(s.P99), s.Errors)
 		}
@@ -146,8 +148,8 @@ func cpuCommand(ctx context.Context, args []string) error {
 		if ngx != nil {
 			ratio = fmt.Sprintf("  %.2f× nginx", m/median(ngx.cpu))
 		}
-		fmt.Printf("%-24s median %.3f s/1k%s  (user %.3f, kernel %.3f; %.2f context switches per follow-up)\n",
-			t.name, m, ratio, median(t.user), median(t.sys), median(t.switches))
+		fmt.Printf("%-24s median %.3f s/1k%s  (user %.3f, kernel %.3f; %.2f context switches per follow-up; p99 %.2f ms)\n",
+			t.name, m, ratio, median(t.user), median(t.sys), median(t.switches), median(t.p99))
 	}
 	// Paired by round: the machine's speed drifts between rounds more
 	// than two builds differ, and a round's targets share its drift.

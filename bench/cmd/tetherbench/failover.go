@@ -264,6 +264,12 @@ func timeline(samples []sample, dur, bucket time.Duration) (t, ok, errs, p99 []f
 // reinitCount reads tether_reinitializations_total (all labels) from the
 // admin listener.
 func reinitCount(admin string) float64 {
+	return metricSum(admin, "tether_reinitializations_total")
+}
+
+// metricSum is the sum of the series of one metric (all labels) on the
+// admin listener's /metrics, 0 when it cannot be read.
+func metricSum(admin, name string) float64 {
 	resp, err := http.Get(admin + "/metrics")
 	if err != nil {
 		return 0
@@ -273,7 +279,7 @@ func reinitCount(admin string) float64 {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "tether_reinitializations_total") {
+		if rest, ok := strings.CutPrefix(l, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
 			f := strings.Fields(l)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			total += v

@@ -240,6 +240,11 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 		if pids := procPids(t.procs); len(pids) > 0 {
 			t.ProxyRSS = treeUsage(pids...).RSSKiB
 		}
+		for _, p := range t.procs {
+			if p.admin != "" {
+				logRuntimeMemory(env, t.Name, p.admin)
+			}
+		}
 		t.Fixed = summarize(t.fixed, t.fixedDur)
 		var added []time.Duration
 		for i := range t.RoundP99 {
@@ -530,4 +535,17 @@ func overheadChart(o *overheadResult) *svg.Figure {
 	sys.Series = []svg.Series{sc}
 	f.Add(lc, gb, mr, cpu, rss, sys)
 	return f
+}
+
+// logRuntimeMemory logs where a tether's memory is after the rounds, as
+// its Go runtime counts it: what the RSS read then is made of, and the
+// heap goal and the time since the last collection (the memory release's
+// is the last one when it ran).
+func logRuntimeMemory(env *reportEnv, name, admin string) {
+	mib := func(metric string) float64 { return metricSum(admin, metric) / (1 << 20) }
+	sinceGC := float64(time.Now().UnixNano())/1e9 - metricSum(admin, "go_memstats_last_gc_time_seconds")
+	env.logf("overhead: %s after the rounds: heap in use %.1f MiB (goal %.1f, GOGC %.0f, last collection %.1fs ago), heap free not released %.1f MiB, stacks %.1f MiB, goroutines %.0f",
+		name, mib("go_memstats_heap_inuse_bytes"), mib("go_memstats_next_gc_bytes"), metricSum(admin, "go_gc_gogc_percent"), sinceGC,
+		mib("go_memstats_heap_idle_bytes")-mib("go_memstats_heap_released_bytes"),
+		mib("go_memstats_stack_inuse_bytes"), metricSum(admin, "go_goroutines"))
 }
