@@ -17,13 +17,16 @@ import (
 // that every 2-3 MiB of allocation: twice a second at 2,000 follow-ups a
 // second, a cycle costing some 4 ms of CPU however little it frees (it
 // marks the whole live heap and every goroutine's stack). That was a
-// twentieth of tether's CPU per request (bench, "Where the CPU goes"). An
-// 8 MiB headroom makes cycles 3× rarer for 8 MiB more heap at the most,
-// which the memory releaser gives back after a quiet spell; past 8 MiB of
-// live heap (tens of thousands of sessions) GOGC's 100% is more than the
-// headroom and the goal is the default one. GOMEMLIMIT (setMemoryLimit)
-// still bounds the heap: the collector takes the lower goal.
-const gcHeadroom = 8 << 20
+// twentieth of tether's CPU per request (bench, "Where the CPU goes"). A
+// headroom makes cycles rarer for that much more heap at the most; past
+// it, the live heap's own 100% is the larger (GOGC's default). 4 MiB, not
+// 8: the heap a quiet tether keeps is its working set (releasable), and
+// 8 MiB of it put tether's RSS after the bench's rounds at 30–41 MiB
+// against a 40 MiB goal; at 4 MiB it read 24.8, for no CPU measurable
+// (tetherbench cpu at 1,800 follow-ups/s, paired by round: 1.000× the
+// 8 MiB build). GOMEMLIMIT (setMemoryLimit) still bounds the heap: the
+// collector takes the lower goal.
+const gcHeadroom = 4 << 20
 
 // heapMinimum is the runtime's least heap goal at GOGC=100 (its
 // defaultHeapMinimum), which GOGC scales: with GOGC=g the goal is the

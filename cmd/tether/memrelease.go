@@ -170,7 +170,7 @@ func gcCount() uint64 {
 // collection: what it holds (its objects, dead ones included until the
 // next collection, and its free pages not yet given back) past its goal,
 // or past gcHeadroom above the live heap when the goal is further (a live
-// heap of 8 MiB or more, whose goal is twice it). Up to there, the memory
+// heap past gcHeadroom, whose goal is twice it). Up to there, the memory
 // is the load's working set: given back, every page of it is faulted in
 // again by the next requests, and on a virtual machine a fault costs some
 // microseconds (tetherbench cpu, whose targets take turns with 9 s of

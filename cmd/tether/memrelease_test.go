@@ -105,8 +105,9 @@ func TestReleasable(t *testing.T) {
 	// A steady load: 32 MiB live, so a goal of 64 MiB, and garbage that
 	// the next collection would take, well below the collector's trigger.
 	// What the heap holds up to gcHeadroom past the live heap is its
-	// working set (a count of the garbage would give 6 MiB); past it, 8 MiB
-	// more garbage is releasable, though still below the goal.
+	// working set, and less than minMemoryRelease past that is not worth a
+	// release (a count of the garbage would give 6 MiB); 8 MiB more
+	// garbage is releasable, though still below the goal.
 	live := make([][]byte, 0, 512)
 	for range 512 {
 		live = append(live, make([]byte, 64<<10))
