@@ -160,7 +160,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	})
 	fs.StringVar(&cfg.PrincipalKeyFile, "principal-key-file", "", "file holding the key (32 bytes or more) of the session principal digests, shared by all replicas (default: TETHER_PRINCIPAL_KEY, else a key kept in Redis, else a random one)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGTERM, how long in-flight requests and SSE streams may run on")
-	fs.DurationVar(&cfg.MemoryReleaseAfter, "memory-release-after", cfg.MemoryReleaseAfter, "after a burst, how long after its last garbage collection a quiet tether gives back to the OS the memory its heap holds past its working set (0: left to the Go runtime)")
+	fs.DurationVar(&cfg.MemoryReleaseAfter, "memory-release-after", cfg.MemoryReleaseAfter, "after a burst, how long after its last garbage collection a quiet tether gives back to the OS the memory its heap holds past twice its working set (0: left to the Go runtime)")
 	fs.BoolVar(&cfg.BackendH2C, "backend-h2c", false, "speak HTTP/2 without TLS (prior knowledge) to backends")
 	fs.BoolVar(&cfg.TraceStdout, "trace-stdout", false, "write trace spans to stdout as JSON (local runs; OTLP is configured with the OTEL_* variables)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log format: text | json")

@@ -166,16 +166,24 @@ func gcCount() uint64 {
 }
 
 // releasable is what a collection and a full scavenge would give back to
-// the OS that the heap would not grow into again before its next
-// collection: what it holds (its objects, dead ones included until the
-// next collection, and its free pages not yet given back) past its goal,
-// or past gcHeadroom above the live heap when the goal is further (a live
-// heap past gcHeadroom, whose goal is twice it). Up to there, the memory
-// is the load's working set: given back, every page of it is faulted in
-// again by the next requests, and on a virtual machine a fault costs some
-// microseconds (tetherbench cpu, whose targets take turns with 9 s of
-// quiet between them: 13% more CPU per follow-up with the whole heap given
-// back at each quiet spell). Past it, it is what a burst left behind.
+// the OS past what a steady load holds: what the heap holds (its objects,
+// dead ones included until the next collection, and its free pages not
+// yet given back) past twice its working set. The working set is the
+// heap's goal, or gcHeadroom past the live heap when the goal is further
+// (a live heap past gcHeadroom, whose goal is twice it).
+//
+// Why twice: a steady load's heap holds pages past its goal (objects grow
+// to the goal, and sweeping hands free pages back for the next cycle):
+// 1.0–1.9 times it after the bench's rounds. A release gives back every
+// free page: given back, each is faulted in again by the next requests,
+// and on a virtual machine a fault costs some microseconds (a release
+// itself took 200 ms there). With the release past the working set
+// itself, a steady load with quiet spells between its turns (the
+// bench's rounds, 3 s of load and 12 s of quiet) had its heap released
+// and faulted in again at every other spell once the goal was a few MiB;
+// with the whole free heap given back at each spell, tetherbench cpu
+// measured 13% more CPU per follow-up. Past twice the working set, it is
+// what a burst left behind.
 func releasable() uint64 {
 	s := []metrics.Sample{
 		{Name: "/memory/classes/heap/objects:bytes"},
@@ -185,7 +193,7 @@ func releasable() uint64 {
 	}
 	metrics.Read(s)
 	held := s[0].Value.Uint64() + s[1].Value.Uint64()
-	keep := min(s[2].Value.Uint64(), s[3].Value.Uint64()+gcHeadroom)
+	keep := 2 * min(s[2].Value.Uint64(), s[3].Value.Uint64()+gcHeadroom)
 	return held - min(held, keep)
 }
 

@@ -78,8 +78,8 @@ func TestMemoryReleaser(t *testing.T) {
 	stays(3, "after the context ended")
 }
 
-// releasable counts what a burst left past the heap's goal, not the
-// working set below it, and what a release leaves is under
+// releasable counts what a burst left past twice the heap's working set,
+// not the working set, and what a release leaves is under
 // minMemoryRelease: an idle process's collections find nothing worth a
 // release (no release every quiet spell), and neither does a steady load's
 // heap, which grows to its goal between collections.
@@ -104,28 +104,31 @@ func TestReleasable(t *testing.T) {
 
 	// A steady load: 32 MiB live, so a goal of 64 MiB, and garbage that
 	// the next collection would take, well below the collector's trigger.
-	// What the heap holds up to gcHeadroom past the live heap is its
-	// working set, and less than minMemoryRelease past that is not worth a
-	// release (a count of the garbage would give 6 MiB); 8 MiB more
-	// garbage is releasable, though still below the goal.
+	// The working set is gcHeadroom past the live heap (36 MiB), and the
+	// heap may hold twice that (a count past the working set itself would
+	// give 16 MiB).
+	// A burst of 48 MiB on top of it, collected, leaves free pages past
+	// it.
 	live := make([][]byte, 0, 512)
 	for range 512 {
 		live = append(live, make([]byte, 64<<10))
 	}
 	runtime.GC()
-	for range 96 {
-		sink = append(sink, make([]byte, 64<<10)) // 6 MiB
+	for range 320 {
+		sink = append(sink, make([]byte, 64<<10)) // 20 MiB
 	}
 	sink = nil
 	if got := releasable(); got >= minMemoryRelease {
 		t.Errorf("releasable %d KiB under a steady load's heap, want under %d", got>>10, minMemoryRelease>>10)
 	}
-	for range 128 {
-		sink = append(sink, make([]byte, 64<<10)) // 8 MiB more
+	for range 768 {
+		sink = append(sink, make([]byte, 64<<10)) // 48 MiB more
 	}
+	runtime.KeepAlive(sink)
 	sink = nil
+	runtime.GC()
 	if got := releasable(); got < minMemoryRelease {
-		t.Errorf("releasable %d KiB with 14 MiB of garbage on 32 MiB live, want %d or more", got>>10, minMemoryRelease>>10)
+		t.Errorf("releasable %d KiB after a burst of 48 MiB on 32 MiB live, want %d or more", got>>10, minMemoryRelease>>10)
 	}
 	runtime.KeepAlive(live)
 }
