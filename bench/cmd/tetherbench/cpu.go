@@ -27,7 +27,10 @@ import (
 // so the split says whether a difference is in the proxy's own code or in
 // how often it sleeps and wakes. The figures are not the report's (no
 // latency, no rate search); they answer "did this change make tether
-// cheaper than that one", quickly.
+// cheaper than that one", quickly. -overload first overloads each target
+// as the overhead scenario's rate search does, for what an overload
+// leaves behind (after one, tether's runtime gives the heap's growth back
+// in the background while the rounds fault pages in again).
 func cpuCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cpu", flag.ContinueOnError)
 	tethers := fs.String("tether", "", "comma-separated tether binaries (default: go build ./cmd/tether)")
@@ -37,6 +40,8 @@ func cpuCommand(ctx context.Context, args []string) error {
 	sessions := fs.Int("sessions", 32, "live sessions per target")
 	others := fs.Bool("others", true, "also measure nginx and HAProxy")
 	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs")
+	overload := fs.Duration("overload", 0, "before the rounds, overload each target in turn for this long (as the overhead scenario's rate search does), then a second each at -rate to settle")
+	overloadRate := fs.Float64("overload-rate", 5000, "follow-ups per second of -overload, open loop (up to 2,000 in flight)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,6 +118,16 @@ func cpuCommand(ctx context.Context, args []string) error {
 			t.live = append(t.live, liveSession{url: t.base + "/mcp", header: mcpHeaders(sid), backend: backend})
 		}
 		attack(ctx, followUpTargeter(t.live), *rate, time.Second, 2000) // warm up
+	}
+	if *overload > 0 {
+		for _, t := range targets {
+			r := attack(ctx, followUpTargeter(t.live), *overloadRate, *overload, 2000)
+			s := summarize(r.Samples, *overload)
+			fmt.Printf("overload %-24s %.0f req/s offered, %.0f sent: p50 %.2fms p99 %.2fms\n", t.name, *overloadRate, s.Achieved, ms(s.P50), ms(s.P99))
+		}
+		for _, t := range targets {
+			attack(ctx, followUpTargeter(t.live), *rate, time.Second, 2000)
+		}
 	}
 	for round := range *rounds {
 		for _, t := range targets {
