@@ -20,8 +20,8 @@ import (
 // twentieth of tether's CPU per request (bench, "Where the CPU goes"). A
 // headroom makes cycles rarer for that much more heap at the most; past
 // it, the live heap's own 100% is the larger (GOGC's default). 4 MiB, not
-// 8: the heap a quiet tether keeps is its working set (releasable), and
-// 8 MiB of it put tether's RSS after the bench's rounds at 30–41 MiB
+// 8: the heap a quiet tether keeps grows with it (releasable), and
+// 8 MiB of headroom put tether's RSS after the bench's rounds at 30–41 MiB
 // against a 40 MiB goal; at 4 MiB it read 24.8, for no CPU measurable
 // (tetherbench cpu at 1,800 follow-ups/s, paired by round: 1.000× the
 // 8 MiB build). GOMEMLIMIT (setMemoryLimit) still bounds the heap: the

@@ -106,9 +106,8 @@ func TestReleasable(t *testing.T) {
 	// the next collection would take, well below the collector's trigger.
 	// The working set is gcHeadroom past the live heap (36 MiB), and the
 	// heap may hold twice that (a count past the working set itself would
-	// give 16 MiB).
-	// A burst of 48 MiB on top of it, collected, leaves free pages past
-	// it.
+	// give 16 MiB). A burst of 48 MiB on top of it, collected, leaves free
+	// pages past it.
 	live := make([][]byte, 0, 512)
 	for range 512 {
 		live = append(live, make([]byte, 64<<10))
