@@ -52,8 +52,10 @@ func TestGCPacer(t *testing.T) {
 	var sets []int
 	var live uint64
 	p := &gcPacer{percent: 100,
-		live: func() uint64 { mu.Lock(); defer mu.Unlock(); return live },
-		set:  func(v int) int { mu.Lock(); defer mu.Unlock(); sets = append(sets, v); return 0 },
+		live:       func() uint64 { mu.Lock(); defer mu.Unlock(); return live },
+		set:        func(v int) int { mu.Lock(); defer mu.Unlock(); sets = append(sets, v); return 0 },
+		goroutines: func() int { return 10 },
+		collect:    func() {},
 	}
 	setLive := func(v uint64) { mu.Lock(); live = v; mu.Unlock() }
 	lastSet := func() (int, int) {
@@ -123,6 +125,71 @@ func TestGCPacer(t *testing.T) {
 	}
 	if _, n := lastSet(); n != 4 {
 		t.Fatalf("%d settings after the context ended, want 4", n)
+	}
+}
+
+// A collection that found a burst's live heap is followed by one more
+// once the goroutines have fallen to half what they were at it (and by
+// burstGoroutines or more), and by one only; a small live heap, a small
+// drop or a stopped pacer collects nothing. The runtime's part (the
+// cleanup after each collection, the timer) is played by the test.
+func TestGCPacerBurstEnd(t *testing.T) {
+	var live uint64
+	var goroutines, collections int
+	newPacer := func() *gcPacer {
+		p := &gcPacer{percent: 100,
+			live:       func() uint64 { return live },
+			set:        func(int) int { return 0 },
+			goroutines: func() int { return goroutines },
+			collect:    func() { collections++ },
+			check:      time.NewTimer(time.Hour),
+		}
+		p.check.Stop()
+		return p
+	}
+
+	p := newPacer()
+	live, goroutines, collections = 64<<20, 3000, 0
+	p.collected() // the burst's collection
+	for _, g := range []int{3000, 2200, 1501} {
+		goroutines = g
+		p.burstEnded()
+	}
+	if collections != 0 {
+		t.Fatalf("%d collections with %d of the burst's 3000 goroutines left, want none", collections, goroutines)
+	}
+	goroutines = 1500
+	p.burstEnded()
+	p.burstEnded()
+	if collections != 1 {
+		t.Fatalf("%d collections once the goroutines fell from 3000 to 1500, want 1", collections)
+	}
+	live = 2 << 20
+	p.collected() // that collection's own: a small heap, nothing armed
+	goroutines = 10
+	p.burstEnded()
+	if collections != 1 {
+		t.Fatalf("%d collections after a collection found 2 MiB live, want 1", collections)
+	}
+
+	// A large live heap without a burst (few goroutines, a small drop).
+	live, goroutines, collections = 64<<20, 300, 0
+	p.collected()
+	goroutines = 100
+	p.burstEnded()
+	if collections != 0 {
+		t.Fatalf("goroutines from 300 to 100: %d collections, want none", collections)
+	}
+
+	// Stopped: nothing.
+	p = newPacer()
+	live, goroutines, collections = 64<<20, 3000, 0
+	p.collected()
+	p.stop()
+	goroutines = 10
+	p.burstEnded()
+	if collections != 0 {
+		t.Fatalf("a stopped pacer collected %d times", collections)
 	}
 }
 
