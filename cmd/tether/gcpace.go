@@ -38,10 +38,10 @@ const heapMinimum = 4 << 20
 // that the headroom would be many times over.
 const maxGCPercent = 1000
 
-// A burst's end, for the collection that follows it (gcPacer.burstEnded):
-// a collection whose live heap was more than burstLive armed the check,
-// which looks every burstPoll whether the goroutines have fallen to half
-// what they were then, and by burstGoroutines or more.
+// A burst's end, for the collections that follow it (gcPacer.burstEnded):
+// collections whose live heap was more than burstLive arm the check, which
+// looks every burstPoll whether the goroutines have fallen to half the
+// most any of them saw, when that was burstGoroutines or more.
 const (
 	burstLive       = 2 * gcHeadroom
 	burstGoroutines = 256
@@ -58,13 +58,13 @@ func startGCPacer(ctx context.Context, log *slog.Logger, getenv func(string) str
 		return nil
 	}
 	p := &gcPacer{percent: 100, live: liveHeap, set: debug.SetGCPercent,
-		goroutines: runtime.NumGoroutine, collect: runtime.GC}
+		goroutines: runtime.NumGoroutine, collect: runtime.GC, log: log}
 	p.start(ctx)
 	return p
 }
 
 // gcPacer sets GOGC from the live heap of the last collection, and
-// collects once more when a burst that left a large goal has ended.
+// collects again when a burst that left a large goal has ended.
 //
 // Why the burst's end: a collection in the middle of a burst (2,000
 // requests in flight, each with its connections' buffers) finds 50 MiB or
@@ -74,22 +74,28 @@ func startGCPacer(ctx context.Context, log *slog.Logger, getenv func(string) str
 // takes memory not touched since the burst (pages the runtime's
 // scavenger is giving back meanwhile, faulted in again) instead of the
 // few MiB a steady load cycles through: tetherbench cpu measured 7% more
-// CPU per follow-up after an overload than with one collection forced as
+// CPU per follow-up after an overload than with a collection forced as
 // it ended. A burst's requests and connections are goroutines, so
 // their number says when it is over, for the price of a timer while the
 // live heap is large. A live heap large without a burst (the memory
-// store's sessions) arms the check and never meets it.
+// store's sessions, a few goroutines) arms the check and never meets it.
+//
+// Two collections, not one: what the burst's requests put back into
+// sync.Pools (buffers, request state) outlives one collection in the
+// pools' victim caches, and the first collection after an overload
+// found 28 MiB live with 11 goroutines left.
 type gcPacer struct {
 	live       func() uint64 // liveHeap
 	set        func(int) int // debug.SetGCPercent; tests record instead
 	goroutines func() int    // runtime.NumGoroutine; tests put their own
 	collect    func()        // runtime.GC; tests count instead
+	log        *slog.Logger  // nil: none
 
 	mu      sync.Mutex
 	percent int // the GOGC set
 	stopped bool
-	// burst is the goroutines at the last collection, when its live heap
-	// was a burst's (over burstLive), else 0; check polls for its end.
+	// burst is the most goroutines seen at collections since the live
+	// heap went over burstLive, else 0; check polls for the burst's end.
 	burst int
 	check *time.Timer
 }
@@ -116,31 +122,43 @@ func (p *gcPacer) collected() {
 	p.watch()
 	live := p.live()
 	p.applyLocked(live)
-	p.burst = 0
-	if live > burstLive {
-		p.burst = p.goroutines()
+	if live <= burstLive {
+		p.burst = 0
+		return
+	}
+	// The most, not the last: a collection in the burst's tail finds its
+	// garbage and pooled buffers live, with fewer goroutines.
+	p.burst = max(p.burst, p.goroutines())
+	if p.burst >= burstGoroutines {
 		p.check.Reset(burstPoll)
 	}
 }
 
-// burstEnded collects when the goroutines have fallen to half what they
-// were at a burst's collection, else looks again a burstPoll later. The
-// collection's own cleanup (collected) sets the goal from what is live
-// after the burst, and arms the check again if that is still large.
+// burstEnded collects twice when the goroutines have fallen to half what
+// the burst's collections saw, else looks again a burstPoll later. The
+// collections' own cleanups (collected) set the goal from what is live
+// after the burst, and arm the check again if that is still large.
 func (p *gcPacer) burstEnded() {
 	p.mu.Lock()
-	if p.stopped || p.burst == 0 {
+	if p.stopped || p.burst < burstGoroutines {
 		p.mu.Unlock()
 		return
 	}
-	if now := p.goroutines(); 2*now > p.burst || p.burst-now < burstGoroutines {
+	burst, now := p.burst, p.goroutines()
+	if 2*now > burst {
 		p.check.Reset(burstPoll)
 		p.mu.Unlock()
 		return
 	}
 	p.burst = 0
 	p.mu.Unlock()
+	start := time.Now()
 	p.collect()
+	p.collect()
+	if p.log != nil {
+		p.log.Debug("collected after a burst", "goroutines_at_burst", burst, "goroutines", now,
+			"live_heap", p.live(), "took", time.Since(start))
+	}
 }
 
 func (p *gcPacer) stop() {

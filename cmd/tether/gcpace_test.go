@@ -128,10 +128,11 @@ func TestGCPacer(t *testing.T) {
 	}
 }
 
-// A collection that found a burst's live heap is followed by one more
-// once the goroutines have fallen to half what they were at it (and by
-// burstGoroutines or more), and by one only; a small live heap, a small
-// drop or a stopped pacer collects nothing. The runtime's part (the
+// Collections that found a burst's live heap are followed by two more
+// (the second for what the first finds in the pools' victim caches) once
+// the goroutines have fallen to half the most they saw, when that was
+// burstGoroutines or more; and by two only. A small live heap, few
+// goroutines or a stopped pacer collects nothing. The runtime's part (the
 // cleanup after each collection, the timer) is played by the test.
 func TestGCPacerBurstEnd(t *testing.T) {
 	var live uint64
@@ -150,7 +151,9 @@ func TestGCPacerBurstEnd(t *testing.T) {
 
 	p := newPacer()
 	live, goroutines, collections = 64<<20, 3000, 0
-	p.collected() // the burst's collection
+	p.collected() // in the burst
+	goroutines = 1800
+	p.collected() // in its tail: fewer goroutines, its garbage still live
 	for _, g := range []int{3000, 2200, 1501} {
 		goroutines = g
 		p.burstEnded()
@@ -161,24 +164,24 @@ func TestGCPacerBurstEnd(t *testing.T) {
 	goroutines = 1500
 	p.burstEnded()
 	p.burstEnded()
-	if collections != 1 {
-		t.Fatalf("%d collections once the goroutines fell from 3000 to 1500, want 1", collections)
+	if collections != 2 {
+		t.Fatalf("%d collections once the goroutines fell from 3000 to 1500, want 2", collections)
 	}
 	live = 2 << 20
-	p.collected() // that collection's own: a small heap, nothing armed
+	p.collected() // theirs: a small heap, nothing armed
 	goroutines = 10
 	p.burstEnded()
-	if collections != 1 {
-		t.Fatalf("%d collections after a collection found 2 MiB live, want 1", collections)
+	if collections != 2 {
+		t.Fatalf("%d collections after a collection found 2 MiB live, want 2", collections)
 	}
 
-	// A large live heap without a burst (few goroutines, a small drop).
-	live, goroutines, collections = 64<<20, 300, 0
+	// A large live heap without a burst (the memory store's sessions).
+	live, goroutines, collections = 64<<20, 200, 0
 	p.collected()
-	goroutines = 100
+	goroutines = 10
 	p.burstEnded()
 	if collections != 0 {
-		t.Fatalf("goroutines from 300 to 100: %d collections, want none", collections)
+		t.Fatalf("goroutines from 200 to 10: %d collections, want none", collections)
 	}
 
 	// Stopped: nothing.

@@ -233,7 +233,11 @@ func runOverhead(ctx context.Context, env *reportEnv) (*overheadResult, error) {
 			t.BackRSS = max(t.BackRSS, ba.RSSKiB)
 			s := summarize(r.Samples, cfg.fixed)
 			t.RoundP99 = append(t.RoundP99, s.P99)
-			env.logf("overhead: round %d %-16s %.0f req/s: p50 %.2fms p99 %.2fms p99.9 %.2fms %v", round+1, t.Name, res.FixedRate, ms(s.P50), ms(s.P99), ms(s.P999), s.Errors)
+			cpu := "" // the round's own, to tell a round that cost more from the rest
+			if len(pids) > 0 && len(r.Samples) > 0 {
+				cpu = fmt.Sprintf(" proxy CPU %.3f s/1k", (pa.CPU-pb.CPU).Seconds()*1000/float64(len(r.Samples)))
+			}
+			env.logf("overhead: round %d %-16s %.0f req/s: p50 %.2fms p99 %.2fms p99.9 %.2fms%s %v", round+1, t.Name, res.FixedRate, ms(s.P50), ms(s.P99), ms(s.P999), cpu, s.Errors)
 		}
 	}
 	for _, t := range res.Targets {
