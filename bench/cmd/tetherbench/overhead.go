@@ -442,7 +442,7 @@ func overheadMarkdown(o *overheadResult) string {
 	for _, n := range o.Notes {
 		fmt.Fprintf(&b, "\nNot measured: %s\n", n)
 	}
-	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it, interleaved (each fraction starting one target further on), past the last by %.1f up to %.0f× it while the target sustains them, then bisects %d times between a target's last sustained rate and the one that failed (a failed step is run once more):\n\n", dcpu, sloP99, o.Search.StepFraction, o.Search.MaxFraction, o.Search.Refine)
+	fmt.Fprintf(&b, "\nBackends' CPU when reached directly: %.3f s per 1k requests. A rate is sustainable when ≥ 99.9%% succeed, ≥ 95%% of it is actually sent, and p99 ≤ %v; the search starts from each target's closed-loop throughput (64 in flight) and steps up through fractions of it, interleaved (each fraction starting one target further on), past the last by %.1f up to %.0f× it while the target sustains them, then bisects %d times between a target's last sustained rate and the one that failed (a failed step is run once more; a target whose first rate fails steps down by ×0.6 first):\n\n", dcpu, sloP99, o.Search.StepFraction, o.Search.MaxFraction, o.Search.Refine)
 	for _, t := range o.Targets {
 		fmt.Fprintf(&b, "- %s: closed loop %.0f req/s; stopped at %s. %s\n", t.Name, t.Estimate, cmpOr(t.StopWhy, "the last step (all sustainable)"), t.Note)
 	}

@@ -23,10 +23,14 @@ import (
 // failure: two targets a few per cent apart are not decided by where their
 // grids happened to fall. A target whose first rate already fails steps
 // down instead (×0.6, twice), so that a loaded machine still yields a rate
-// rather than none. A step that follows a failed one, whichever target's,
-// starts after Rest without load: an overloaded step leaves queues and
-// grown heaps behind in the proxy and the backends, and the next step would
-// be judged on the one before it.
+// rather than none, and the gap between the rate it then sustains and the
+// failure above it is bisected as well: a first step that a neighbour's
+// burst spoilt twice must not leave the target at 0.36 of its estimate
+// (a run of 2026-12-02 put tether at 0.31× direct that way, where the
+// runs before it that day read 0.85–1.04×). A step that follows a failed
+// one, whichever target's, starts after Rest without load: an overloaded
+// step leaves queues and grown heaps behind in the proxy and the backends,
+// and the next step would be judged on the one before it.
 type ratePlan struct {
 	Fractions    []float64 // rising
 	StepFraction float64
@@ -90,15 +94,21 @@ func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePla
 				continue
 			}
 			delete(alive, t)
+			lo, hi := lastOK[t], rate
 			if i == 0 {
+				lo = 0
 				for down := f * 0.6; down > f*0.3 && ctx.Err() == nil; down *= 0.6 {
-					if try(t, math.Round(down*t.Estimate)) {
+					r := math.Round(down * t.Estimate)
+					if try(t, r) {
+						lo = r
 						break
 					}
+					hi = r
 				}
-				continue
+				if lo == 0 {
+					continue // nothing sustained
+				}
 			}
-			lo, hi := lastOK[t], rate
 			for range plan.Refine {
 				mid := math.Round((lo + hi) / 2)
 				if mid <= lo || mid >= hi || ctx.Err() != nil {

@@ -9,17 +9,18 @@ import (
 )
 
 // capacities is a fake load test: a target sustains every rate up to its
-// capacity, except the rates in flaky, which fail once.
+// capacity, except the rates in flaky, which fail as many times as it
+// says.
 type capacities struct {
 	limit map[string]float64
-	flaky map[float64]bool
+	flaky map[float64]int
 	order []string // targets in the order they were measured
 }
 
 func (c *capacities) measure(t *overheadTarget, rate float64) overheadStep {
 	c.order = append(c.order, t.Name)
-	if c.flaky[rate] {
-		delete(c.flaky, rate)
+	if c.flaky[rate] > 0 {
+		c.flaky[rate]--
 		return overheadStep{Rate: rate, Why: "p99 60ms > 50ms"}
 	}
 	if rate > c.limit[t.Name] {
@@ -64,7 +65,7 @@ func TestSearchMaxRatesRotatesOrder(t *testing.T) {
 
 func TestSearchMaxRatesRetriesAFailedStep(t *testing.T) {
 	a := &overheadTarget{Name: "a", Estimate: 1000}
-	c := &capacities{limit: map[string]float64{"a": 960}, flaky: map[float64]bool{850: true}}
+	c := &capacities{limit: map[string]float64{"a": 960}, flaky: map[float64]int{850: 1}}
 	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
 	// 850 fails once and passes on its second run; 1050 fails twice, and
 	// the bisection tries 1000 and 975, which fail too.
@@ -80,9 +81,34 @@ func TestSearchMaxRatesStepsDownFromAFailedStart(t *testing.T) {
 	a := &overheadTarget{Name: "a", Estimate: 1000}
 	c := &capacities{limit: map[string]float64{"a": 400}}
 	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
-	// 600 fails twice; 360 passes.
-	if a.MaxRate != 360 || !strings.HasPrefix(a.StopWhy, "600/s: ") {
-		t.Errorf("max rate %v (%q), want 360, stopped at 600", a.MaxRate, a.StopWhy)
+	// 600 fails twice; 360 passes; the bisection tries 480 and 420, which
+	// fail twice each.
+	if a.MaxRate != 360 || !strings.HasPrefix(a.StopWhy, "420/s: ") {
+		t.Errorf("max rate %v (%q), want 360, stopped at 420", a.MaxRate, a.StopWhy)
+	}
+}
+
+// A first step spoilt twice (a neighbour's burst) costs the target the
+// rates above it, but not the gap below it: the search bisects between the
+// rate it stepped down to and the failed one.
+func TestSearchMaxRatesRefinesAfterAFailedStart(t *testing.T) {
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 2000}, flaky: map[float64]int{600: 2}}
+	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
+	// 600 fails twice; 360 passes; 480 and 540 pass.
+	if a.MaxRate != 540 || !strings.HasPrefix(a.StopWhy, "600/s: ") {
+		t.Errorf("max rate %v (%q), want 540, stopped at 600", a.MaxRate, a.StopWhy)
+	}
+}
+
+// When no rate is sustained, none is reported.
+func TestSearchMaxRatesNothingSustained(t *testing.T) {
+	a := &overheadTarget{Name: "a", Estimate: 1000}
+	c := &capacities{limit: map[string]float64{"a": 100}}
+	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
+	// 600 fails twice, 360 and 216 once each, and nothing is bisected.
+	if a.MaxRate != 0 || len(a.Steps) != 4 {
+		t.Errorf("max rate %v after %d steps, want 0 after 4", a.MaxRate, len(a.Steps))
 	}
 }
 
@@ -116,7 +142,7 @@ func TestSearchMaxRatesRestsAfterAFailedStep(t *testing.T) {
 // the search cleared the reason on that pass).
 func TestSearchMaxRatesStopReasonAfterARetriedMidpoint(t *testing.T) {
 	a := &overheadTarget{Name: "a", Estimate: 1000}
-	c := &capacities{limit: map[string]float64{"a": 1090}, flaky: map[float64]bool{1075: true}}
+	c := &capacities{limit: map[string]float64{"a": 1090}, flaky: map[float64]int{1075: 1}}
 	searchMaxRates(context.Background(), []*overheadTarget{a}, testPlan, c.measure)
 	// 1150 fails twice; 1100 fails twice; 1075 fails, then passes.
 	if a.MaxRate != 1075 || !strings.HasPrefix(a.StopWhy, "1100/s: ") {
