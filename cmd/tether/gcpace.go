@@ -73,9 +73,10 @@ func startGCPacer(ctx context.Context, log *slog.Logger, getenv func(string) str
 // bench's 1,400 follow-ups a second, 20 s on. Until then every allocation
 // takes memory not touched since the burst (pages the runtime's
 // scavenger is giving back meanwhile, faulted in again) instead of the
-// few MiB a steady load cycles through: tetherbench cpu measured 7% more
-// CPU per follow-up after an overload than with a collection forced as
-// it ended. A burst's requests and connections are goroutines, so
+// few MiB a steady load cycles through: after an overload, tetherbench
+// cpu measured 0.867× the CPU per follow-up of the build without this
+// check, by round (README, "Memory and CPU"). A burst's requests and
+// connections are goroutines, so
 // their number says when it is over, for the price of a timer while the
 // live heap is large. A live heap large without a burst (the memory
 // store's sessions, a few goroutines) arms the check and never meets it.
