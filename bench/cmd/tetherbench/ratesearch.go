@@ -94,9 +94,8 @@ func searchMaxRates(ctx context.Context, targets []*overheadTarget, plan ratePla
 				continue
 			}
 			delete(alive, t)
-			lo, hi := lastOK[t], rate
+			lo, hi := lastOK[t], rate // lo is 0 at the first fraction
 			if i == 0 {
-				lo = 0
 				for down := f * 0.6; down > f*0.3 && ctx.Err() == nil; down *= 0.6 {
 					r := math.Round(down * t.Estimate)
 					if try(t, r) {
