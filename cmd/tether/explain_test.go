@@ -17,8 +17,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/mcpbackend"
-	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/testkit"
@@ -55,7 +55,7 @@ func startExplainFixture(t *testing.T, transport *mcp.StreamableClientTransport)
 	}
 	urls := testkit.URLs(started)
 	f.s = startServerPrepared(t, nil, func(sc *server.Config) {
-		sc.Transport = proxy.NewTransportDial(sc.BackendH2C, f.backendConns.dialer(proxy.DialBackend))
+		sc.Transport = backend.NewTransportDial(sc.BackendH2C, f.backendConns.dialer(backend.Dial))
 		sc.WrapHandler = func(handler http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Method != http.MethodGet {

@@ -29,8 +29,9 @@ const (
 		`{"jsonrpc":"2.0","id":3,"error":{"code":-32001,"message":"session not found"}}` + "\n"
 )
 
-// responseSeeds are answers ReadAnswer reads itself (the first ones),
-// and others, nasty ones among them, that it reads or hands to net/http.
+// responseSeeds are answers ReadAnswer reads (the first ones), and
+// others, nasty ones among them, that it reads or refuses; the framing
+// table (client_framing_test.go) has more.
 var responseSeeds = []string{
 	sdkInitialize, sdkCall, sdkAccepted, sdkBadRequest, sdkNotFound, rpcNotFound,
 	sdkCall + sdkAccepted + sdkCall, // keep-alive: one after another
@@ -86,75 +87,84 @@ var responseSeeds = []string{
 
 // FuzzReadAnswer reads the same bytes with ReadAnswer and with
 // http.ReadResponse, as a client would on a keep-alive connection (up to
-// four answers, each body read through), and requires the same answers.
-// method picks the request's method; shape picks how the bytes arrive
-// (in pieces of what size, with the end of the input along with the last
-// bytes or not), the reader's buffer size and the body read size.
+// four answers, each body read through), and requires the same answers,
+// or a refusal from ReadAnswer (ErrMalformedAnswer) where net/http reads
+// one; never an answer net/http refuses. method picks the request's
+// method; shape picks how the bytes arrive (in pieces of what size, with
+// the end of the input along with the last bytes or not), the reader's
+// buffer size and the body read size.
 func FuzzReadAnswer(f *testing.F) {
 	for _, s := range responseSeeds {
 		f.Add(s, uint8(0), uint16(0))
 		f.Add(s, uint8(1), uint16(0x0103))
 	}
+	for _, c := range framingCases {
+		f.Add(c.in, c.methodIndex(), uint16(0))
+	}
 	f.Fuzz(func(t *testing.T, in string, method uint8, shape uint16) {
-		compareReads(t, in, method, shape)
+		compareReads(t, in, method, shape, false)
 	})
 }
 
 // TestReadAnswerSeeds runs the differential check over the seeds in a
-// few shapes, and pins which seeds ReadAnswer reads itself.
+// few shapes, and pins which seeds ReadAnswer reads.
 func TestReadAnswerSeeds(t *testing.T) {
 	for i, s := range responseSeeds {
 		for _, method := range []uint8{0, 1, 2} {
 			for _, shape := range []uint16{0, 1, 0x0107, 0x8000, 0x4002, 0x20ff} {
-				compareReads(t, s, method, shape)
+				compareReads(t, s, method, shape, false)
+				compareReads(t, s, method, shape, true)
 			}
 		}
-		if want := i < 10; readsItself(s) != want && want {
-			t.Errorf("seed %d %.40q: handed to net/http", i, s)
-		}
-	}
-	for _, s := range []string{
-		"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
-		"HTTP/1.1 200 OK\r\nX-A: one\r\n folded\r\nContent-Length: 0\r\n\r\n",
-		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
-		"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-	} {
-		if readsItself(s) {
-			t.Errorf("%q: read by ReadAnswer itself, want net/http", s)
+		if i < 10 && !readsAnswer(s) {
+			t.Errorf("seed %d %.40q: refused", i, s)
 		}
 	}
 }
 
-// readsItself reports whether ReadAnswer reads the first answer of in
-// itself, rather than handing it to net/http.
-func readsItself(in string) bool {
-	block, err := peekHead(bufio.NewReader(strings.NewReader(in)))
-	return err == nil && block != nil && new(answer).parse(string(block), nil)
+// readsAnswer reports whether ReadAnswer reads the first answer of in,
+// all at once.
+func readsAnswer(in string) bool {
+	_, err := ReadAnswer(bufio.NewReader(strings.NewReader(in)), nil)
+	return err == nil
 }
 
-func compareReads(t *testing.T, in string, method uint8, shape uint16) {
+// compareReads reads in with ReadAnswer and with http.ReadResponse, answer
+// after answer as a client does on a keep-alive connection, and requires
+// that ReadAnswer reads each answer as net/http does or refuses it
+// (ErrMalformedAnswer), answer or body; never that it reads one net/http
+// refuses, nor a different answer. Each answer read through ends at the
+// same byte of the stream for both (no byte countingReader twice or skipped).
+// pooled reads on only as a pooling client does, while the answer is
+// Reusable; otherwise up to four answers, until net/http's closes the
+// connection.
+func compareReads(t *testing.T, in string, method uint8, shape uint16, pooled bool) {
 	t.Helper()
 	req := &http.Request{Method: []string{http.MethodPost, http.MethodGet, http.MethodHead}[method%3]}
 	size := 4096
 	if shape&0x4000 != 0 {
 		size = 64 // a small buffer: long heads, lines and trailers
 	}
-	gbr := bufio.NewReaderSize(source(in, shape), size)
-	wbr := bufio.NewReaderSize(source(in, shape), size)
+	gsrc, wsrc := &countingReader{r: source(in, shape)}, &countingReader{r: source(in, shape)}
+	gbr := bufio.NewReaderSize(gsrc, size)
+	wbr := bufio.NewReaderSize(wsrc, size)
 	readSize := 1 + int(shape>>8&0x3f)
 	for n := 0; ; n++ {
+		where := func() string { return fmt.Sprintf("%q %s, shape %#x, answer %d", in, req.Method, shape, n) }
 		got, gerr := ReadAnswer(gbr, req)
 		want, werr := http.ReadResponse(wbr, req)
-		if (gerr == nil) != (werr == nil) {
-			t.Fatalf("%q %s, shape %#x, answer %d: error %v, net/http %v", in, req.Method, shape, n, gerr, werr)
-		}
-		if gerr != nil {
+		switch {
+		case gerr == nil && werr != nil:
+			t.Fatalf("%s: read, where net/http refuses it: %v", where(), werr)
+		case gerr != nil && werr == nil && !errors.Is(gerr, ErrMalformedAnswer):
+			t.Fatalf("%s: error %v, where net/http reads it (a refusal must be ErrMalformedAnswer)", where(), gerr)
+		case gerr != nil:
 			return
 		}
 		diff := func(what string, g, w any) {
 			t.Helper()
 			if !reflect.DeepEqual(g, w) {
-				t.Fatalf("%q %s, shape %#x, answer %d: %s %#v, net/http %#v", in, req.Method, shape, n, what, g, w)
+				t.Fatalf("%s: %s %#v, net/http %#v", where(), what, g, w)
 			}
 		}
 		diff("status", got.Status, want.Status)
@@ -173,16 +183,40 @@ func compareReads(t *testing.T, in string, method uint8, shape uint16) {
 		if got.Request != req {
 			t.Fatalf("%q: Request not set", in)
 		}
+		if got.StatusCode < 100 || got.StatusCode > 999 {
+			t.Fatalf("%s: status %d read", where(), got.StatusCode)
+		}
 		gb, gerr := readBody(got.Body, readSize)
 		wb, werr := readBody(want.Body, readSize)
-		diff("body", string(gb), string(wb))
-		if (gerr == nil) != (werr == nil) {
-			t.Fatalf("%q %s, shape %#x, answer %d: body error %v, net/http %v", in, req.Method, shape, n, gerr, werr)
+		switch {
+		case gerr == nil && werr != nil:
+			t.Fatalf("%s: body read, where net/http's fails: %v", where(), werr)
+		case gerr != nil && werr == nil && !errors.Is(gerr, ErrMalformedAnswer):
+			t.Fatalf("%s: body error %v, where net/http reads it (a refusal must be ErrMalformedAnswer)", where(), gerr)
+		case gerr != nil:
+			// A refusal may come before bytes net/http gives and then fails
+			// on (a chunk size past 63 bits).
+			if !strings.HasPrefix(string(wb), string(gb)) {
+				t.Fatalf("%s: body %q before its failure, net/http's %q", where(), gb, wb)
+			}
+		default:
+			diff("body", string(gb), string(wb))
 		}
 		if gerr != nil {
+			if got.Reusable(gbr) {
+				t.Fatalf("%s: reusable after a failed body", where())
+			}
 			return
 		}
 		diff("trailer after the body", got.Trailer, want.Trailer)
+		diff("end of the answer in the stream", gsrc.n-gbr.Buffered(), wsrc.n-wbr.Buffered())
+		reusable := got.Reusable(gbr)
+		if reusable && (want.Close || want.StatusCode == http.StatusSwitchingProtocols) {
+			t.Fatalf("%s: reusable, where net/http's connection ends", where())
+		}
+		if pooled && !reusable {
+			return // a pooling client closes the connection here
+		}
 		if want.Close || want.StatusCode == http.StatusSwitchingProtocols || n == 3 {
 			// The connection ends here; what follows is the same.
 			g, _ := io.ReadAll(gbr)
@@ -193,8 +227,20 @@ func compareReads(t *testing.T, in string, method uint8, shape uint16) {
 	}
 }
 
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}
+
 // fieldsLike checks the accessors of got against net/http's header want,
-// and returns got when they agree: each name's values, in order, are
+// and returns got when they agreesWithNetHTTP: each name's values, in order, are
 // want's, and got has no other field. (A failure shows as a difference.)
 func fieldsLike(got Fields, want http.Header) Fields {
 	n := 0

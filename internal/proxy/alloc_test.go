@@ -8,6 +8,7 @@ import (
 	"io"
 	"testing"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
@@ -71,10 +72,10 @@ const maxDirectAllocs = 7
 
 func TestFollowUpAllocationsDirect(t *testing.T) {
 	body := `{"jsonrpc":"2.0","id":2,"result":{"content":[]}}`
-	backend := testkit.CannedBackend(t, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: bench-session\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
-	transport := proxy.NewTransport(false)
+	canned := testkit.CannedBackend(t, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: bench-session\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	transport := backend.NewTransport(false)
 	t.Cleanup(transport.CloseIdleConnections)
-	serve := cannedProxyAt(t, proxy.Config{Transport: transport}, "http://"+backend, true)
+	serve := cannedProxyAt(t, proxy.Config{Transport: transport}, "http://"+canned, true)
 	ctx := context.Background()
 	harness := func() {
 		w, r, f := cannedFollowUp(ctx)

@@ -483,3 +483,57 @@ func hasExponent(num []byte) bool {
 	}
 	return false
 }
+
+// readOnlyMethod reports an MCP request method that only reads the
+// server's state, so that sending it twice does what sending it once does
+// (the retry contract, retry.go): the queries of the specification, each
+// defined as a read with no effect of its own.
+//
+//	ping                      basic/utilities/ping ("a simple request/response")
+//	tools/list                server/tools ("Listing Tools")
+//	resources/list, resources/templates/list, resources/read
+//	                          server/resources ("Listing", "Resource Templates", "Reading")
+//	prompts/list, prompts/get server/prompts ("Listing Prompts", "Getting a Prompt")
+//	completion/complete       server/utilities/completion (suggestions for an argument)
+//	server/discover           2026-07-28 basic/lifecycle (SEP-2575: capabilities, no state)
+//	tasks/get, tasks/list, tasks/result
+//	                          the tasks extension (SEP-2663): a task's state and result
+//
+// Everything else may act: tools/call above all, initialize (a session),
+// subscriptions (resources/subscribe, subscriptions/listen), logging/setLevel,
+// tasks/cancel and tasks/update, and every notification and response.
+func readOnlyMethod(method string) bool {
+	switch method {
+	case "ping", "tools/list", "resources/list", "resources/templates/list", "resources/read",
+		"prompts/list", "prompts/get", "completion/complete", "server/discover",
+		"tasks/get", "tasks/list", "tasks/result":
+		return true
+	}
+	return false
+}
+
+// idempotent reports a request that the retry contract lets tether send
+// again after it may have reached a backend, by what it is: a safe HTTP
+// method (a GET stream, HEAD, OPTIONS) or a single JSON-RPC request of a
+// read-only method. A batch is not, whatever its members: a 2025-03-26
+// feature, rare, and sent once. (A request the client marks with an
+// Idempotency-Key is idempotent too, as net/http reads that field: see
+// hasIdempotencyKey, asked of the header as it is sent.)
+func idempotent(method string, c *classification) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return c.Kind == kindRequest && !c.Batch && readOnlyMethod(c.Method)
+}
+
+// hasIdempotencyKey reports a header that marks its request idempotent,
+// as net/http's transport reads it (Request.isReplayable).
+func hasIdempotencyKey(h h1.Fields) bool {
+	for _, f := range h {
+		if f.Name == "Idempotency-Key" || f.Name == "X-Idempotency-Key" {
+			return true
+		}
+	}
+	return false
+}

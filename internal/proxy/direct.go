@@ -1,18 +1,16 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
-	"net"
 	"net/http"
 	"net/textproto"
-	"net/url"
 	"slices"
 	"strings"
 
 	"go.opentelemetry.io/otel/propagation"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/h1"
 )
 
@@ -29,14 +27,9 @@ import (
 
 // directRequest is the request of one attempt on tether's own client.
 type directRequest struct {
-	r      *http.Request // the client's: method and context
-	url    url.URL       // where it goes
-	addr   string        // url's host:port, to dial
-	host   string        // the Host field
-	body   []byte        // classify's; nil when there is none
-	fields h1.Fields     // the header, outgoingFields'
+	backend.Request
 
-	// room is fields' array for the usual request, in the exchange: no
+	// room is Fields' array for the usual request, in the exchange: no
 	// allocation of its own.
 	room [12]h1.Field
 }
@@ -51,48 +44,30 @@ func (p *Proxy) directRequest(r *http.Request, x *exchange) *directRequest {
 		return nil
 	}
 	d := &x.direct
-	setOutgoingURL(&d.url, x.ep.URL, r.URL)
-	d.host = r.Host
-	if d.host == "" {
-		d.host = d.url.Host
+	setOutgoingURL(&d.URL, x.ep.URL, r.URL)
+	d.Host = r.Host
+	if d.Host == "" {
+		d.Host = d.URL.Host
 	}
-	if d.url.Host == "" || !h1.RequestWritable(r.Method, &d.url, d.host) {
+	if !backend.Writable(r.Method, &d.URL, d.Host) {
 		return nil
 	}
-	d.r = r
-	d.addr = dialAddr(d.url.Host)
-	d.body = x.class.Body
-	d.fields = d.room[:0]
-	p.outgoingFields(r.Context(), &d.fields, x)
+	d.Client = r
+	d.Body = x.class.Body
+	d.Fields = d.room[:0]
+	p.outgoingFields(r.Context(), &d.Fields, x)
+	// Idempotent by its method, or by an Idempotency-Key as sent (one
+	// that the client's Connection field names is not).
+	d.Idempotent = x.idempotent || hasIdempotencyKey(d.Fields)
 	return d
-}
-
-// dialAddr is the host:port of a URL's host, port 80 by default.
-func dialAddr(host string) string {
-	if _, _, err := net.SplitHostPort(host); err != nil {
-		return net.JoinHostPort(strings.Trim(host, "[]"), "80")
-	}
-	return host
-}
-
-// write writes the request to bw, as h1.WriteRequest writes the request
-// outgoingRequest builds.
-func (d *directRequest) write(bw *bufio.Writer) error {
-	b := h1.AppendRequestHead(bw.AvailableBuffer(), d.r.Method, &d.url, d.host, int64(len(d.body)))
-	b = h1.AppendFields(b, d.fields)
-	b = append(b, "\r\n"...)
-	if _, err := bw.Write(b); err != nil {
-		return err
-	}
-	_, err := bw.Write(d.body)
-	return err
 }
 
 // outgoingFields appends to *dst the header of the current attempt's
 // request (a pointer: the propagator's carrier points at it, and a
-// variable of the caller's moves to the heap no more than it already is): the client's fields (x.header) without the hop-by-hop ones,
-// those the client's Connection fields name and Content-Length (every
-// writer frames the body itself); "Te: trailers" when the client accepts
+// variable of the caller's moves to the heap no more than it already
+// is): the client's fields (x.header) without the hop-by-hop ones, those
+// the client's Connection fields name, those with an underscore in their
+// name, and Content-Length (every writer frames the body itself); "Te: trailers" when the client accepts
 // trailers; the trace context of the request's span; and the session id
 // the backend knows, with the Last-Event-ID for it.
 func (p *Proxy) outgoingFields(ctx context.Context, out *h1.Fields, x *exchange) {
@@ -112,7 +87,12 @@ func (p *Proxy) outgoingFields(ctx context.Context, out *h1.Fields, x *exchange)
 		}
 	}
 	for _, f := range in {
-		if isHopHeader(f.Name) || f.Name == "Content-Length" {
+		if isHopHeader(f.Name) || f.Name == "Content-Length" || strings.IndexByte(f.Name, '_') >= 0 {
+			// A name with an underscore is dropped, as nginx drops it
+			// (underscores_in_headers off): CGI, WSGI and the servers
+			// that follow them read "_" as "-", so that
+			// "Transfer_Encoding: chunked" would reach such a backend as
+			// a second framing next to tether's Content-Length.
 			continue
 		}
 		// A sidecar is transparent: what the proxy in front said about the

@@ -3,12 +3,17 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
@@ -73,22 +78,9 @@ func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange)
 // step) and x.newSID.
 func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 	var out sentRequest
-	var resp *h1.Answer
-	var err error
-	if d := p.directRequest(r, x); d != nil {
-		out.direct = d
-		resp, err = p.direct.forward(d)
-	} else {
-		out.req, out.fields = p.outgoingRequest(r, x)
-		var std *http.Response
-		if std, err = p.transport.RoundTrip(out.req); err == nil {
-			// The header as fields, like tether's client's answers: one
-			// way to read and relay answers.
-			resp = h1.AnswerOf(std)
-		}
-	}
+	resp, err := p.send(r, x, &out)
 	if err != nil {
-		if isDialError(err) {
+		if backend.IsDialError(err) {
 			// The connection was never established, so the backend never
 			// saw the request.
 			return outcome{retry: reasonDial, err: err}
@@ -111,6 +103,82 @@ func (p *Proxy) attempt(r *http.Request, x *exchange) outcome {
 
 var errUnaskedSwitch = errors.New("backend switched protocols without being asked to")
 
+// send sends the attempt's request to x.ep, and sends it again as long as
+// the retry contract allows (backend.MayResend), at most MaxResends
+// times: to the same backend, whose session state is there. A backend that
+// is going away refuses the next dial, which the forward loop turns into a
+// move elsewhere. A failure that ends it is a *sendError, which says how
+// often the request went out.
+func (p *Proxy) send(r *http.Request, x *exchange, out *sentRequest) (*h1.Answer, error) {
+	for resent := 0; ; resent++ {
+		resp, err := p.sendOnce(r, x, out)
+		if err == nil || backend.IsDialError(err) {
+			return resp, err
+		}
+		idempotent := x.idempotent || hasIdempotencyKey(out.header())
+		if resent == backend.MaxResends || r.Context().Err() != nil || !backend.MayResend(err, idempotent) {
+			return nil, &sendError{err: err, resent: resent, idempotent: idempotent}
+		}
+		p.log.Debug("backend request failed before the backend could act on it, or is idempotent; sending it again",
+			"backend", x.ep.String(), "err", err)
+		if x.span != nil {
+			x.span.AddEvent("tether.resend", trace.WithAttributes(attribute.String("tether.backend", x.ep.String())))
+		}
+	}
+}
+
+// sendOnce sends the attempt's request once: as a direct request on
+// tether's own client, or as an *http.Request of its own on any other
+// transport (which may still read the one of an earlier try).
+func (p *Proxy) sendOnce(r *http.Request, x *exchange, out *sentRequest) (*h1.Answer, error) {
+	if d := p.directRequest(r, x); d != nil {
+		out.direct = d
+		return p.direct.Send(&d.Request)
+	}
+	out.req, out.fields = p.outgoingRequest(r, x)
+	std, err := p.transport.RoundTrip(out.req)
+	if err != nil {
+		return nil, err
+	}
+	// The header as fields, like tether's client's answers: one way to
+	// read and relay answers.
+	return h1.AnswerOf(std), nil
+}
+
+// sendError is a backend request that failed and was not sent again (any
+// more): resent is how often it was sent again before, idempotent whether
+// the contract let it be sent again once sent. answerFailure tells the
+// client which it was.
+type sendError struct {
+	err        error
+	resent     int
+	idempotent bool
+}
+
+func (e *sendError) Error() string { return e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
+
+// failureMessage is what the client is told of a backend request that
+// failed: whether it may have run, and whether and how often tether sent
+// it again.
+func failureMessage(err error) string {
+	var se *sendError
+	if !errors.As(err, &se) {
+		return "backend failed after the request was sent; not retried"
+	}
+	switch {
+	case errors.Is(se.err, h1.ErrMalformedAnswer):
+		return "backend sent a malformed answer; not retried"
+	case backend.NotSent(se.err):
+		return fmt.Sprintf("backend did not take the request (connection broke before it was sent in full); sent %d times", se.resent+1)
+	case se.idempotent && se.resent > 0:
+		return fmt.Sprintf("backend failed; the request is idempotent and was sent %d times", se.resent+1)
+	case se.idempotent:
+		return "backend failed; the request is idempotent but could not be sent again"
+	}
+	return "backend failed after the request was sent; not retried, as the backend may have acted on it"
+}
+
 // sentRequest is the request an attempt sent: outgoingRequest's, or a
 // direct request.
 type sentRequest struct {
@@ -123,7 +191,7 @@ type sentRequest struct {
 // principal, a task's).
 func (s sentRequest) header() h1.Fields {
 	if s.direct != nil {
-		return s.direct.fields
+		return s.direct.Fields
 	}
 	return s.fields
 }
@@ -415,9 +483,9 @@ func (p *Proxy) answerFailure(w http.ResponseWriter, r *http.Request, x *exchang
 		return
 	}
 	// The request may have reached the backend: sending it again could run
-	// a tools/call twice, so the client decides.
+	// a tools/call twice, so the client decides (backend.MayResend).
 	p.log.Warn("backend request failed", "route", x.route.String(), "backend", x.ep.String(), "err", err)
-	writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend failed after the request was sent; not retried")
+	writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, failureMessage(err))
 }
 
 // relay copies the backend's answer to the client: headers, body,
@@ -428,6 +496,36 @@ func (p *Proxy) answerFailure(w http.ResponseWriter, r *http.Request, x *exchang
 // (panic(http.ErrAbortHandler)), so the client sees it cut off rather than
 // complete.
 func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp *h1.Answer) {
+	stream := x.class.Kind == kindStream || x.class.Op == opListen
+	pool := &copyBuffers
+	if stream {
+		// GET streams are long-lived and mostly idle: they copy through
+		// small buffers (streamCopyBufferSize) so that thousands of them
+		// stay cheap.
+		pool = &streamCopyBuffers
+	}
+	buf := pool.Get().(*[]byte)
+	defer pool.Put(buf)
+	// The body's first read comes before the head is given to the
+	// client, so that an answer whose body breaks at once (a bad chunk
+	// size, a connection cut after the head) is a 502 rather than a cut
+	// connection with nothing on it. Not for a GET or listen stream,
+	// whose head reaches the client before its first event (which may be
+	// long in coming); every other answer's head leaves with its first
+	// bytes anyway (h1 holds it until the first flush).
+	primed := -1
+	var primedErr error
+	if !stream {
+		primed, primedErr = resp.Body.Read(*buf)
+		if primed == 0 && primedErr != nil && primedErr != io.EOF {
+			resp.Body.Close()
+			if r.Context().Err() == nil {
+				p.log.Warn("backend answer broke before its body's first byte", "backend", x.ep.String(), "err", primedErr)
+				writeJSONRPCError(w, http.StatusBadGateway, x.class.ID, codeBackendFailed, "backend answer broke before its body began; not retried")
+			}
+			return
+		}
+	}
 	if !adoptFields(w, resp.Header) {
 		resp.Header.AddTo(w.Header())
 	}
@@ -454,26 +552,17 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	case resp.ContentLength == -1:
 		mode = flushReads
 	}
-	pool := &copyBuffers
-	if x.class.Kind == kindStream || x.class.Op == opListen {
-		// GET streams are long-lived and mostly idle: they copy through
-		// small buffers (streamCopyBufferSize) so that thousands of them
-		// stay cheap.
-		pool = &streamCopyBuffers
-		if mode != flushNever {
-			// Clients see the stream open before its first event, which
-			// may be long in coming.
-			flush(w)
-		}
+	if stream && mode != flushNever {
+		// Clients see the stream open before its first event, which may
+		// be long in coming.
+		flush(w)
 	}
-	buf := pool.Get().(*[]byte)
 	var err error
 	if x.class.Op == opListen && mode == flushEvents {
 		err = copyListen(w, resp.Body, *buf, x.ep.Departed())
 	} else {
-		err = copyBody(w, resp.Body, *buf, mode)
+		err = copyBody(w, resp.Body, *buf, primed, primedErr, mode)
 	}
-	pool.Put(buf)
 	if err != nil {
 		resp.Body.Close()
 		if !errors.Is(err, errClientWrite) && !errors.Is(err, r.Context().Err()) {
@@ -551,10 +640,19 @@ var errClientWrite = errors.New("write to client failed")
 // returns the end of the body with its last bytes: the answer is complete,
 // and the server sends what is buffered, with the final chunk, at once
 // when the handler returns.
-func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, mode flushMode) error {
+//
+// primed >= 0 says that buf[:primed] holds the body's first read already,
+// which ended with primedErr.
+func copyBody(w http.ResponseWriter, body io.Reader, buf []byte, primed int, primedErr error, mode flushMode) error {
 	var tail eventTail
 	for {
-		n, rerr := body.Read(buf)
+		var n int
+		var rerr error
+		if primed >= 0 {
+			n, rerr, primed = primed, primedErr, -1
+		} else {
+			n, rerr = body.Read(buf)
+		}
 		if n > 0 {
 			nw, werr := w.Write(buf[:n])
 			if werr != nil {

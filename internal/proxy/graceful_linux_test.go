@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -39,7 +39,7 @@ func TestBackendGracefulKillLoopH2C(t *testing.T) {
 	}
 	var resent atomic.Int64
 	var logs testkit.LockedBuffer
-	h := newTether(t, urls, harnessOptions{transport: resendCounter{proxy.NewTransport(true), &resent}, logTo: &logs})
+	h := newTether(t, urls, harnessOptions{transport: resendCounter{backend.NewTransport(true), &resent}, logTo: &logs})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	client := &crashClient{

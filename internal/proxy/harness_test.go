@@ -55,7 +55,7 @@ type harnessOptions struct {
 	// cmd/tether wires it: endpoint gauges from the balancer, store round
 	// trips, cache counters and the degraded gauge.
 	metrics bool
-	// transport sends to the backends; nil is proxy.NewTransport(false).
+	// transport sends to the backends; nil is backend.NewTransport(false).
 	transport http.RoundTripper
 	// wrapStore, when set, puts a test store in front of the session store.
 	wrapStore func(session.Store) session.Store

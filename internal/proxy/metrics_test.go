@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/redistest"
 	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/telemetry"
@@ -115,7 +115,7 @@ func postDrain(t *testing.T, h *harness, sid, body string) int {
 // requests by route, backend and code; re-initializations by reason and
 // result; live sessions per backend; endpoints by state; picks.
 func TestMetricsAfterScriptedTraffic(t *testing.T) {
-	tr := proxy.NewTransport(false)
+	tr := backend.NewTransport(false)
 	h := newHarness(t, harnessOptions{backends: 2, metrics: true, transport: tr})
 	reg := h.metrics.Registry
 	client := &http.Client{}
@@ -216,7 +216,7 @@ func TestMetricsAfterScriptedTraffic(t *testing.T) {
 // the backend closes it fails with EOF and is not retried (the backend may
 // have read it): a race of HTTP/1.1 keep-alive that these tests are not
 // about.
-func forgetPooledConns(tr proxy.BackendTransport) { tr.CloseIdleConnections() }
+func forgetPooledConns(tr backend.Transport) { tr.CloseIdleConnections() }
 
 // The degraded gauge follows Redis: 0, 1 while it is down, 0 again; store
 // round trips and their errors are counted by operation.

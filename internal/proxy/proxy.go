@@ -15,7 +15,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -28,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
@@ -51,7 +51,8 @@ const maxAttempts = 3
 type Config struct {
 	Balancer *balancer.Balancer
 	Store    session.Store
-	// Transport sends requests to backends; nil uses NewTransport(false).
+	// Transport sends requests to backends; nil uses
+	// backend.NewTransport(false).
 	Transport http.RoundTripper
 	// MaxBody bounds POST bodies; larger ones get 413. 0 = DefaultMaxBody.
 	MaxBody int64
@@ -113,7 +114,7 @@ type Proxy struct {
 	transport http.RoundTripper
 	// direct is the transport when it is tether's own client, which
 	// writes requests straight from the client's (direct.go).
-	direct    *client
+	direct    *backend.Client
 	maxBody   int64
 	maxInit   int64
 	reinitTTL time.Duration
@@ -175,10 +176,9 @@ func New(cfg Config) *Proxy {
 		p.propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	if p.transport == nil {
-		p.transport = NewTransport(false)
+		p.transport = backend.NewTransport(false)
 	}
-	p.direct, _ = p.transport.(*client)
-	p.transport = retryUnread{p.transport} // see unreadRequestError
+	p.direct, _ = p.transport.(*backend.Client)
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxBody
 	}
@@ -214,6 +214,7 @@ type exchange struct {
 	ep         *balancer.Endpoint   // the backend of the current attempt
 	backendSID string               // the session id the backend knows
 	excluded   *balancer.Endpoint   // a backend that failed a dial for this request
+	idempotent bool                 // the request may be sent again once sent, by its method (retry.go)
 	reinit     string               // reason of the re-initialization done for this request, if any
 	routed     bool                 // a decision was made (false: refused before routing)
 	store      string               // tether.store.result of the session lookup: hit, miss, error
@@ -304,6 +305,7 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 		p.refuse(w, &class, rerr)
 		return
 	}
+	x.idempotent = idempotent(r.Method, &x.class)
 	if class.Kind == kindStream || class.Op == opListen {
 		// A subscriptions/listen stream is the 2026-07-28 GET stream: the
 		// same bound.
@@ -576,12 +578,6 @@ func stripUpgrade(f *h1.Fields) {
 	if len(keep) > 0 {
 		f.Set("Connection", strings.Join(keep, ", "))
 	}
-}
-
-// isDialError reports whether err is a failure to establish the connection.
-func isDialError(err error) bool {
-	var opErr *net.OpError
-	return errors.As(err, &opErr) && opErr.Op == "dial"
 }
 
 // failReinit answers a request whose session could not be re-initialized.

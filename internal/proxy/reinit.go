@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
@@ -184,7 +185,7 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		if err != nil {
 			lastErr = err
 			step("initialize failed", attribute.String("error", err.Error()))
-			if isDialError(err) {
+			if backend.IsDialError(err) {
 				p.bal.Eject(ep, err)
 				exclude = ep
 				continue

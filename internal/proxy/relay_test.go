@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -278,7 +278,7 @@ func TestAnswerHeaderAlikeOnEveryPath(t *testing.T) {
 	const result = `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}`
 	var minted atomic.Int32
 	var known sync.Map // the backend's live session ids
-	backend := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := testkit.StartServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		h := w.Header()
 		switch {
@@ -323,9 +323,9 @@ func TestAnswerHeaderAlikeOnEveryPath(t *testing.T) {
 		t.Helper()
 		o := harnessOptions{}
 		if opaque {
-			o.transport = opaqueTransport{proxy.NewTransport(false)}
+			o.transport = opaqueTransport{backend.NewTransport(false)}
 		}
-		h := newTether(t, []string{backend.URL}, o)
+		h := newTether(t, []string{upstream.URL}, o)
 		url := h.endpoint()
 		if netHTTPFront {
 			url = testkit.StartServer(t, h.proxy).URL + "/mcp"

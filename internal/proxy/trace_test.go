@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/tether-mcp/tether/internal/proxy"
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/session"
 )
 
@@ -191,7 +191,7 @@ func (h *harness) backendByURL(url string) string {
 // docs/design.md#contracts, session ids hashed, continuing the client's
 // trace.
 func TestTraceRouteKinds(t *testing.T) {
-	tr := proxy.NewTransport(false)
+	tr := backend.NewTransport(false)
 	h, sr := newTracedHarness(t, harnessOptions{backends: 3, transport: tr})
 	var sid, home string
 

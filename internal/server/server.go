@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/h1"
@@ -158,8 +159,8 @@ type Config struct {
 	Getenv      func(string) string
 
 	// Transport, when set, is the proxy's connection pool to the backends
-	// (a test counts its dials); nil is proxy.NewTransport(BackendH2C).
-	Transport proxy.BackendTransport
+	// (a test counts its dials); nil is backend.NewTransport(BackendH2C).
+	Transport backend.Transport
 	// WrapHandler, when set, wraps the client listener's handler (a test
 	// observes the requests tether has finished).
 	WrapHandler func(http.Handler) http.Handler
@@ -194,7 +195,7 @@ type Server struct {
 	metrics *telemetry.Metrics
 	tracing *telemetry.Tracing
 	// transport is the proxy's connection pool to the backends.
-	transport proxy.BackendTransport
+	transport backend.Transport
 	store     session.Store
 	proxy     *proxy.Proxy
 
@@ -277,7 +278,7 @@ func New(cfg Config) (_ *Server, err error) {
 	undo = append(undo, func() { s.flushTraces() })
 	s.transport = cfg.Transport
 	if s.transport == nil {
-		s.transport = proxy.NewTransport(cfg.BackendH2C)
+		s.transport = backend.NewTransport(cfg.BackendH2C)
 	}
 	s.proxy = proxy.New(proxy.Config{
 		Balancer:  s.bal,

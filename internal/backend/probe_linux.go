@@ -1,9 +1,8 @@
-package proxy
+package backend
 
 import (
 	"net"
 	"syscall"
-	"time"
 	"unsafe"
 )
 
@@ -57,44 +56,4 @@ func (p *stateProbe) peekFD(fd uintptr) {
 	// bookkeeping (see h1.RawIO).
 	_, _, err := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	p.gone = err != syscall.EAGAIN && err != syscall.EINTR
-}
-
-// resetWait bounds how long an EOF in place of an answer waits for the
-// reset that shows the request reached a socket the backend had already
-// closed. The reset trails the FIN by less than one round trip (the request
-// left before the FIN arrived, or the write check would have refused it):
-// microseconds on a node, about a millisecond across a cluster network,
-// but tens of milliseconds when a busy node leaves packet processing to
-// ksoftirqd (seen with 20 ms: 1 error in 50 crashes beside CPU hogs). Only
-// an ambiguous close (a crash after reading the request) waits it out
-// before its 502, so the bound is generous.
-const resetWait = 250 * time.Millisecond
-
-// tcpClose is TCP_CLOSE in include/net/tcp_states.h: a connection in
-// CLOSE_WAIT (FIN received) moves there when a reset arrives.
-const tcpClose = 7
-
-// resetFollows reports whether a reset arrives within resetWait after the
-// backend's FIN. It runs only on the error path.
-func (p *stateProbe) resetFollows() bool {
-	pause := 50 * time.Microsecond
-	for deadline := time.Now().Add(resetWait); ; {
-		var state [1]byte // tcpi_state, the first byte of struct tcp_info
-		var errno syscall.Errno
-		if p.raw.Control(func(fd uintptr) {
-			size := uint32(len(state))
-			_, _, errno = syscall.Syscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
-				uintptr(unsafe.Pointer(&state[0])), uintptr(unsafe.Pointer(&size)), 0)
-		}) != nil || errno != 0 {
-			return false
-		}
-		if state[0] == tcpClose {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(pause)
-		pause = min(2*pause, 2*time.Millisecond)
-	}
 }

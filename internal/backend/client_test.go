@@ -1,4 +1,4 @@
-package proxy
+package backend
 
 import (
 	"bufio"
@@ -19,8 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-mcp/tether/internal/balancer"
-	"github.com/tether-mcp/tether/internal/session"
+	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/testkit"
 )
 
@@ -72,7 +71,7 @@ func answerHello(c net.Conn, _ int, _ *http.Request) bool {
 	return err == nil
 }
 
-func clientPost(ctx context.Context, c *client, addr, body string) (*http.Response, error) {
+func clientPost(ctx context.Context, c *Client, addr, body string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -95,7 +94,7 @@ func readAll(t *testing.T, resp *http.Response) string {
 // next request dials.
 func TestClientReusesConnections(t *testing.T) {
 	b := startRawBackend(t, answerHello)
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	ctx := context.Background()
 	for i := range 3 {
@@ -130,7 +129,7 @@ func TestClientReusesConnections(t *testing.T) {
 // its request has been written), and a connection taken again gets one.
 func TestClientIdleConnectionsHoldNoBuffers(t *testing.T) {
 	b := startRawBackend(t, answerHello)
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	const n = 8
 	// n answers whose bodies are still to be read hold n connections.
@@ -184,7 +183,7 @@ func TestClientChunkedTrailers(t *testing.T) {
 			"7\r\ndata: 1\r\n1\r\n\n\r\n0\r\nX-Done: yes\r\n\r\n")
 		return err == nil
 	})
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	for i := range 2 {
 		resp, err := clientPost(context.Background(), c, b.addr, `{}`)
@@ -219,7 +218,7 @@ func TestClientContextCancel(t *testing.T) {
 		<-release // then nothing more
 		return false
 	})
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -281,7 +280,7 @@ func TestClientReplaysIdempotentOnly(t *testing.T) {
 		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		return err == nil
 	})
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	ctx := context.Background()
 	get := func() (*http.Response, error) {
@@ -316,7 +315,7 @@ func waitAccepted(t *testing.T, b *rawBackend, n int32) {
 	}
 }
 
-func idleCount(c *client) int {
+func idleCount(c *Client) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nidle
@@ -344,7 +343,7 @@ func TestClientEarlyAnswer(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 3\r\nConnection: close\r\n\r\nbig")
 		c.Close() // the body unread: a reset
 	}()
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	body := strings.Repeat("x", 64<<20) // beyond any socket buffer
 	resp, err := clientPost(context.Background(), c, ln.Addr().String(), body)
@@ -381,7 +380,7 @@ func TestClientBoundsTheHead(t *testing.T) {
 			}
 		}
 	})
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	resp, err := clientPost(context.Background(), c, b.addr, `{}`)
 	if err != nil {
@@ -396,6 +395,42 @@ func TestClientBoundsTheHead(t *testing.T) {
 	}
 }
 
+// A backend that stalls in the middle of an answer's head fails the request
+// once headStallTimeout has passed since the head's first bytes, rather
+// than holding the connection until the client leaves (issue 29, item 8).
+// A backend slow to begin its answer is not bounded: a tool call may run
+// long before its first byte.
+func TestClientBoundsAStalledHead(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	b := startRawBackend(t, func(c net.Conn, n int, _ *http.Request) bool {
+		if n == 0 {
+			<-time.After(300 * time.Millisecond) // slow to begin: not a stall
+			_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return err == nil
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-") // and nothing more
+		<-release
+		return false
+	})
+	c := NewClient(Dial)
+	c.headStallTimeout = 100 * time.Millisecond
+	t.Cleanup(c.CloseIdleConnections)
+	resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+	if err != nil {
+		t.Fatalf("answer slow to begin: %v", err)
+	}
+	if got := readAll(t, resp); got != "ok" {
+		t.Fatalf("answer slow to begin: body %q", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = clientPost(ctx, c, b.addr, `{}`)
+	if !errors.Is(err, errHeadStalled) {
+		t.Fatalf("stalled head: %v, want errHeadStalled", err)
+	}
+}
+
 // An answer without a length (HTTP/1.0, or no framing at all) runs to the
 // close: its body is read whole, and its connection is not reused.
 func TestClientCloseDelimited(t *testing.T) {
@@ -407,7 +442,7 @@ func TestClientCloseDelimited(t *testing.T) {
 			io.WriteString(c, answer)
 			return false
 		})
-		c := newClient(DialBackend)
+		c := NewClient(Dial)
 		t.Cleanup(c.CloseIdleConnections)
 		for i := range 2 {
 			resp, err := clientPost(context.Background(), c, b.addr, `{}`)
@@ -429,7 +464,7 @@ func TestClientCloseDelimited(t *testing.T) {
 func TestClientHTTPSBackend(t *testing.T) {
 	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(ts.Close)
-	c := newClient(DialBackend)
+	c := NewClient(Dial)
 	t.Cleanup(c.CloseIdleConnections)
 	req, _ := http.NewRequest(http.MethodGet, ts.URL+"/mcp", nil)
 	_, err := c.RoundTrip(req)
@@ -450,10 +485,10 @@ func BenchmarkBackendRoundTrip(b *testing.B) {
 	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
 	for _, tt := range []struct {
 		name string
-		rt   BackendTransport
+		rt   Transport
 	}{
-		{"client", newClient(DialBackend)},
-		{"http.Transport", newHTTPTransport(DialBackend)},
+		{"client", NewClient(Dial)},
+		{"http.Transport", newHTTPTransport(Dial)},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			defer tt.rt.CloseIdleConnections()
@@ -479,30 +514,24 @@ func BenchmarkBackendRoundTrip(b *testing.B) {
 	}
 }
 
-// A direct request (direct.go) that fails on a pooled connection the
-// backend closed after reading it is sent again on a fresh one when it is
-// idempotent, and the copy is the request itself: the same head, with the
-// header as tether rewrote it, and the same body. Whether it is idempotent
-// is read from the header as sent: an Idempotency-Key that the client's
-// Connection header names is not sent, and the request is not repeated.
-func TestClientResendsDirectRequest(t *testing.T) {
+// A Request that fails on a pooled connection the backend closed after
+// reading it is sent again on a fresh one when it is idempotent, and the
+// copy is the request itself: the same head and body. One that is not
+// idempotent is not sent again. (The proxy decides which a request is:
+// its MCP method, or an Idempotency-Key as sent, see
+// proxy.TestDirectRequestAsOutgoing.)
+func TestClientResendsRequest(t *testing.T) {
 	type seen struct {
 		uri, host string
 		header    http.Header
+		body      string
 	}
-	run := func(t *testing.T, connection string) ([]seen, error) {
+	run := func(t *testing.T, idempotent bool) ([]seen, error) {
 		var mu sync.Mutex
 		var got []seen
-		// What the backend read, once the client has its answer or error:
-		// the backend records a request before it answers or closes.
-		seenSoFar := func() []seen {
-			mu.Lock()
-			defer mu.Unlock()
-			return slices.Clone(got)
-		}
 		b := startRawBackend(t, func(c net.Conn, n int, req *http.Request) bool {
 			mu.Lock()
-			got = append(got, seen{req.RequestURI, req.Host, req.Header.Clone()})
+			got = append(got, seen{req.RequestURI, req.Host, req.Header.Clone(), ""})
 			mu.Unlock()
 			if n == 1 {
 				return false // read the second request, then close without a word
@@ -510,42 +539,39 @@ func TestClientResendsDirectRequest(t *testing.T) {
 			_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			return err == nil
 		})
-		c := newClient(DialBackend)
+		c := NewClient(Dial)
 		t.Cleanup(c.CloseIdleConnections)
-		p := &Proxy{direct: c}
-		h := http.Header{
-			"Content-Type":    {"application/json"},
-			"Mcp-Session-Id":  {"sid-client"},
-			"Idempotency-Key": {"k1"},
-			"User-Agent":      {"client/1"},
-			"Te":              {"trailers"},
-			"X-Hop":           {"must not pass"},
-			"Connection":      {connection},
+		r := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}}).WithContext(context.Background())
+		d := &Request{
+			Client: r,
+			URL:    url.URL{Scheme: "http", Host: b.addr, Path: "/mcp"},
+			Host:   "front:8080",
+			Body:   []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`),
+			Fields: h1.Fields{
+				{Name: "Content-Type", Value: "application/json"},
+				{Name: "Mcp-Session-Id", Value: "sid-backend"},
+				{Name: "User-Agent", Value: "client/1"},
+			},
+			Idempotent: idempotent,
 		}
-		r := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "front:8080"}).WithContext(context.Background())
-		x := &exchange{
-			ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: b.addr}},
-			route: routeSticky, rec: &session.Record{ClientSID: "sid-client"}, backendSID: "sid-backend",
-			header: fieldsOf(h),
-		}
-		x.class.Body = []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`)
 		for i := range 2 {
-			d := p.directRequest(r, x)
-			if d == nil {
-				t.Fatal("no direct request")
-			}
-			resp, err := c.forward(d)
+			resp, err := c.Send(d)
+			mu.Lock()
+			sofar := slices.Clone(got)
+			mu.Unlock()
 			if err != nil {
-				return seenSoFar(), err
+				return sofar, err
 			}
 			if body := readAll(t, resp.Response); body != "ok" {
 				t.Fatalf("request %d: body %q", i, body)
 			}
 		}
-		return seenSoFar(), nil
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got), nil
 	}
 
-	got, err := run(t, "X-Hop")
+	got, err := run(t, true)
 	if err != nil {
 		t.Fatalf("idempotent request on a connection closed after reading it: %v", err)
 	}
@@ -558,27 +584,20 @@ func TestClientResendsDirectRequest(t *testing.T) {
 		}
 	}
 	want := http.Header{
-		"Content-Type":    {"application/json"},
-		"Mcp-Session-Id":  {"sid-backend"},
-		"Idempotency-Key": {"k1"},
-		"User-Agent":      {"client/1"},
-		"Te":              {"trailers"},
-		"Content-Length":  {"46"},
+		"Content-Type":   {"application/json"},
+		"Mcp-Session-Id": {"sid-backend"},
+		"User-Agent":     {"client/1"},
+		"Content-Length": {"46"},
 	}
 	if s := got[0]; s.uri != "/mcp" || s.host != "front:8080" || !reflect.DeepEqual(s.header, want) {
 		t.Errorf("backend got %s for %s with %v\nwant /mcp for front:8080 with %v", s.uri, s.host, s.header, want)
 	}
 
-	got, err = run(t, "X-Hop, idempotency-key")
+	got, err = run(t, false)
 	if err == nil {
-		t.Error("a request whose Idempotency-Key was not sent was sent again")
+		t.Error("a request that is not idempotent was sent again")
 	}
 	if len(got) != 2 {
 		t.Errorf("backend read %d requests, want 2", len(got))
-	}
-	for _, s := range got {
-		if _, ok := s.header["Idempotency-Key"]; ok {
-			t.Errorf("the Idempotency-Key the Connection header names was sent: %v", s.header)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package proxy
+package backend
 
 import (
 	"bufio"
@@ -16,9 +16,12 @@ import (
 	"unsafe"
 )
 
-// tcpCloseWait is TCP_CLOSE_WAIT (include/net/tcp_states.h): the peer's
-// FIN has arrived.
-const tcpCloseWait = 8
+// TCP states (include/net/tcp_states.h): TCP_CLOSE_WAIT, the peer's FIN
+// has arrived; TCP_CLOSE, so has a reset.
+const (
+	tcpCloseWait = 8
+	tcpClose     = 7
+)
 
 // tcpState reads the kernel's TCP state of c's socket: the test's own view
 // of "the backend's FIN (or RST) has arrived", independent of the probe.
@@ -220,12 +223,14 @@ type pooledRig struct {
 	accepted atomic.Int32
 	served   atomic.Int32 // requests read in full
 	client   *http.Client
+	// idempotent makes post send an Idempotency-Key.
+	idempotent bool
 
 	mu    sync.Mutex
 	conns []*heldConn
 }
 
-func newPooledRig(t *testing.T, rt func(BackendTransport) http.RoundTripper, second func(c *net.TCPConn, br *bufio.Reader)) *pooledRig {
+func newPooledRig(t *testing.T, rt func(Transport) http.RoundTripper, second func(c *net.TCPConn, br *bufio.Reader)) *pooledRig {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -279,7 +284,15 @@ func newPooledRig(t *testing.T, rt func(BackendTransport) http.RoundTripper, sec
 }
 
 func (r *pooledRig) post() (string, error) {
-	resp, err := r.client.Post(r.url, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
+	req, err := http.NewRequest(http.MethodPost, r.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if r.idempotent {
+		req.Header.Set("Idempotency-Key", "k1")
+	}
+	resp, err := r.client.Do(req)
 	if err != nil {
 		return "", err
 	}
@@ -303,7 +316,7 @@ func (r *pooledRig) firstConn(t *testing.T) *heldConn {
 	return first
 }
 
-func plainTransport(tr BackendTransport) http.RoundTripper { return tr }
+func plainTransport(tr Transport) http.RoundTripper { return tr }
 
 // A backend serves one request on a keep-alive connection and closes it.
 // The FIN reaches the client's socket while the connection is idle in the
@@ -349,28 +362,44 @@ func waitUnread(c *net.TCPConn) bool {
 	return false
 }
 
-// A backend that closes a keep-alive connection holding a request it has
-// not read resets it (a graceful Go server does this in Shutdown); that
-// request is sent again and succeeds. A backend that read the request and
-// then closed (a crash while working on it), or reset the connection after
-// it began to answer, gets no second copy: the client gets the error.
+// At most once (retry.go): a request written in full into a pooled
+// connection is not sent again after the backend resets or closes that
+// connection, whether it read the request or not, unless the request is
+// idempotent (an Idempotency-Key here; the proxy also counts MCP's
+// read-only methods) and no byte of its answer came. Issue 29: a backend
+// that read a tools/call, ran it and reset the connection (SO_LINGER 0) got
+// it three times.
 func TestResetBeforeAnswer(t *testing.T) {
 	tests := []struct {
 		name string
 		// second is what the backend does with the next request on the
 		// pooled connection; rig gives access to the client's side.
 		second      func(r **pooledRig, c *net.TCPConn, br *bufio.Reader)
+		idempotent  bool // the request carries an Idempotency-Key
 		wantOK      bool
 		wantServed  int32 // requests the backend read in full
 		wantDialled int32
 	}{
+		{
+			name:   "reset after running the request",
+			second: readThenReset,
+			wantOK: false, wantServed: 2, wantDialled: 1,
+		},
+		{
+			name:       "reset after running an idempotent request",
+			second:     readThenReset,
+			idempotent: true,
+			wantOK:     true, wantServed: 3, wantDialled: 2,
+		},
 		{
 			name: "closed with the request unread",
 			second: func(_ **pooledRig, c *net.TCPConn, _ *bufio.Reader) {
 				waitUnread(c) // the request is there, unread
 				c.Close()     // a reset: data was unread
 			},
-			wantOK: true, wantServed: 2, wantDialled: 2,
+			// Not proof: a reset after the whole request was written looks
+			// the same whether the backend read it or not.
+			wantOK: false, wantServed: 1, wantDialled: 1,
 		},
 		{
 			name: "closed after reading the request",
@@ -402,14 +431,15 @@ func TestResetBeforeAnswer(t *testing.T) {
 				c.SetLinger(0)
 				c.Close()
 			},
-			wantOK: false, wantServed: 2, wantDialled: 1,
+			idempotent: true, // an answer began: not sent again, idempotent or not
+			wantOK:     false, wantServed: 2, wantDialled: 1,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var r *pooledRig
-			r = newPooledRig(t, func(tr BackendTransport) http.RoundTripper { return retryUnread{tr} },
-				func(c *net.TCPConn, br *bufio.Reader) { tt.second(&r, c, br) })
+			r = newPooledRig(t, plainTransport, func(c *net.TCPConn, br *bufio.Reader) { tt.second(&r, c, br) })
+			r.idempotent = tt.idempotent
 			if body, err := r.post(); err != nil || body != "ok" {
 				t.Fatalf("first request: %q, %v", body, err)
 			}
@@ -428,40 +458,58 @@ func TestResetBeforeAnswer(t *testing.T) {
 	}
 }
 
+// readThenReset reads the next request in full, counts it served, and
+// resets the connection without answering (SO_LINGER 0): a backend that
+// ran a call and then aborted, or a sidecar in front of it that crashed.
+func readThenReset(r **pooledRig, c *net.TCPConn, br *bufio.Reader) {
+	if req, err := http.ReadRequest(br); err == nil {
+		io.Copy(io.Discard, req.Body)
+		(*r).served.Add(1)
+	}
+	c.SetLinger(0)
+	c.Close()
+}
+
 // The backend closes an idle keep-alive connection just after the client's
 // check and just before the request reaches it: the client reads a FIN
-// where the answer should be, and then a reset, because the request reached
-// a closed socket and was never read. It is sent again and succeeds. (A FIN
-// with no reset after it is a backend that may have read the request: see
-// "closed after reading the request" above.)
+// where the answer should be, and then a reset, as the request reached a
+// closed socket. That is not proof that the backend never read it (a
+// retransmission of bytes it had read draws the same reset): a request that
+// is not idempotent is not sent again, an idempotent one is.
 func TestRequestReachesClosedSocket(t *testing.T) {
-	closeNow := make(chan struct{})
-	r := newPooledRig(t, func(tr BackendTransport) http.RoundTripper { return retryUnread{tr} },
-		func(c *net.TCPConn, _ *bufio.Reader) {
-			<-closeNow
-			c.Close() // nothing unread yet: a FIN
+	for _, idempotent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("idempotent=%v", idempotent), func(t *testing.T) {
+			closeNow := make(chan struct{})
+			r := newPooledRig(t, plainTransport,
+				func(c *net.TCPConn, _ *bufio.Reader) {
+					<-closeNow
+					c.Close() // nothing unread yet: a FIN
+				})
+			r.idempotent = idempotent
+			if body, err := r.post(); err != nil || body != "ok" {
+				t.Fatalf("first request: %q, %v", body, err)
+			}
+			first := r.firstConn(t)
+			finArrived := make(chan error, 1)
+			first.beforeWrite = func() { // after the client's check, before the request leaves
+				close(closeNow)
+				finArrived <- reachTCPState(first, tcpCloseWait)
+			}
+			body, err := r.post()
+			if err := <-finArrived; err != nil {
+				t.Fatalf("the backend's FIN: %v", err)
+			}
+			if ok := err == nil && body == "ok"; ok != idempotent {
+				t.Fatalf("request that reached a closed socket: %q, %v; want success %v", body, err, idempotent)
+			}
+			wantAccepted := int32(1)
+			if idempotent {
+				wantAccepted = 2
+			}
+			if n := r.accepted.Load(); n != wantAccepted {
+				t.Errorf("backend accepted %d connections, want %d", n, wantAccepted)
+			}
 		})
-	if body, err := r.post(); err != nil || body != "ok" {
-		t.Fatalf("first request: %q, %v", body, err)
-	}
-	first := r.firstConn(t)
-	finArrived := make(chan error, 1)
-	first.beforeWrite = func() { // after the client's check, before the request leaves
-		close(closeNow)
-		finArrived <- reachTCPState(first, tcpCloseWait)
-	}
-	body, err := r.post()
-	if err := <-finArrived; err != nil {
-		t.Fatalf("the backend's FIN: %v", err)
-	}
-	if err != nil || body != "ok" {
-		t.Fatalf("request that reached a closed socket: %q, %v", body, err)
-	}
-	if n := r.served.Load(); n != 2 {
-		t.Errorf("backend read %d requests in full, want 2", n)
-	}
-	if n := r.accepted.Load(); n != 2 {
-		t.Errorf("backend accepted %d connections, want 2", n)
 	}
 }
 
@@ -493,17 +541,33 @@ func BenchmarkStaleCheck(b *testing.B) {
 	}
 }
 
-// resetFirstListener resets the first connection it accepts once the
-// client's bytes have reached it, unread: as a server shutting down closes
-// a connection it has just accepted, or a closed listener resets those
-// still in its accept queue. If greet, the server sends its connection
-// preface (an empty SETTINGS frame) first, and resets the connection once
-// it has read a request's HEADERS: as a server that crashes while it works
-// on a request. Later connections are served.
+// resetFirstListener resets the first connection it accepts: at once
+// (mode resetAtOnce, before the client wrote anything the server read),
+// once the client's bytes have reached it unread (resetUnread: as a server
+// shutting down closes a connection it has just accepted, or a closed
+// listener resets those still in its accept queue), or after sending its
+// connection preface (an empty SETTINGS frame) and reading a request's
+// HEADERS (resetGreeted: as a server that crashes while it works on a
+// request). Later connections are served.
 type resetFirstListener struct {
 	net.Listener
-	greet    bool
+	mode     resetMode
 	accepted atomic.Int32
+	// dialled, in mode resetAtOnce, is closed once the client's dial has
+	// returned: the reset comes after it, not as a dial error.
+	dialled chan struct{}
+}
+
+type resetMode int
+
+const (
+	resetAtOnce resetMode = iota
+	resetUnread
+	resetGreeted
+)
+
+func (m resetMode) String() string {
+	return [...]string{"at once", "unread", "greeted"}[m]
 }
 
 func (l *resetFirstListener) Accept() (net.Conn, error) {
@@ -513,10 +577,13 @@ func (l *resetFirstListener) Accept() (net.Conn, error) {
 			return c, err
 		}
 		tc := c.(*net.TCPConn)
-		if l.greet {
+		switch l.mode {
+		case resetAtOnce:
+			<-l.dialled
+		case resetGreeted:
 			tc.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0}) // SETTINGS, no parameters
 			readToHeaders(tc)
-		} else {
+		case resetUnread:
 			waitUnread(tc)
 		}
 		tc.SetLinger(0) // a reset, whatever was read
@@ -543,18 +610,21 @@ func readToHeaders(c net.Conn) {
 	}
 }
 
-// A new h2c connection reset before the backend sent anything carries
-// requests the backend never read: they are sent again, and succeed. Once
-// the backend has sent its preface, a reset is as ambiguous as a crash
-// mid-request, and the error stands.
+// A new h2c connection reset before the client's connection preface could
+// be written carries no stream the backend could have read: the failure is
+// proof, and the request may be sent again (it then succeeds). A reset once
+// the client's bytes are out is as ambiguous as a crash mid-request,
+// whether the backend had greeted or not: only an idempotent request may be
+// sent again. (Before issue 29 a reset before the backend's own preface was
+// taken for proof.)
 func TestH2CResetBeforePreface(t *testing.T) {
-	for _, greet := range []bool{false, true} {
-		t.Run(fmt.Sprintf("greeted=%v", greet), func(t *testing.T) {
+	for _, mode := range []resetMode{resetAtOnce, resetUnread, resetGreeted} {
+		t.Run(mode.String(), func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := &resetFirstListener{Listener: ln, greet: greet}
+			l := &resetFirstListener{Listener: ln, mode: mode, dialled: make(chan struct{})}
 			var served atomic.Int32
 			var protos http.Protocols
 			protos.SetUnencryptedHTTP2(true)
@@ -565,31 +635,48 @@ func TestH2CResetBeforePreface(t *testing.T) {
 			})}
 			go srv.Serve(l)
 			t.Cleanup(func() { srv.Close() })
-			tr := NewTransport(true)
+			dial := Dial
+			if mode == resetAtOnce {
+				// The connection is handed to http2 once the reset has
+				// arrived: its first write fails.
+				var dials atomic.Int32
+				dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := Dial(ctx, network, addr)
+					if err == nil && dials.Add(1) == 1 {
+						close(l.dialled)
+						err = reachTCPState(c.(*net.TCPConn), tcpClose)
+					}
+					return c, err
+				}
+			}
+			tr := NewTransportDial(true, dial)
 			t.Cleanup(tr.CloseIdleConnections)
 
-			req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := retryUnread{tr}.RoundTrip(req)
-			if greet {
-				if err == nil {
-					resp.Body.Close()
-					t.Fatalf("status %d after a reset that followed the backend's preface; want the error", resp.StatusCode)
+			post := func() (*http.Response, error) {
+				req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`))
+				if err != nil {
+					t.Fatal(err)
 				}
-				if isUnread(err) {
-					t.Fatalf("%v: a reset after the backend's preface taken for an unread request", err)
-				}
-				return
+				return tr.RoundTrip(req)
 			}
-			if err != nil {
-				t.Fatalf("request not sent again after a reset before the backend's preface: %v", err)
+			resp, err := post()
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("status %d from a connection reset %s; want the error", resp.StatusCode, mode)
+			}
+			if got, want := MayResend(err, false), mode == resetAtOnce; got != want {
+				t.Fatalf("%v: mayResend of a tools/call %v, want %v", err, got, want)
+			}
+			if !MayResend(err, true) {
+				t.Fatalf("%v: an idempotent request not sent again", err)
+			}
+			if resp, err = post(); err != nil {
+				t.Fatalf("sent again: %v", err)
 			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if string(body) != "ok" || served.Load() != 1 || l.accepted.Load() != 2 {
-				t.Fatalf("body %q, served %d, accepted %d; want ok, 1, 2", body, served.Load(), l.accepted.Load())
+			if string(body) != "ok" || l.accepted.Load() != 2 {
+				t.Fatalf("sent again: body %q, accepted %d; want ok, 2", body, l.accepted.Load())
 			}
 		})
 	}

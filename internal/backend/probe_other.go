@@ -1,6 +1,6 @@
 //go:build !linux
 
-package proxy
+package backend
 
 import "net"
 
@@ -12,5 +12,3 @@ type stateProbe struct{}
 func (p *stateProbe) init(net.Conn) bool { return false }
 
 func (p *stateProbe) peerGone() bool { return false }
-
-func (p *stateProbe) resetFollows() bool { return false }

@@ -1,23 +1,23 @@
-package proxy
+package backend
 
 import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
-	"slices"
+	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/tether-mcp/tether/internal/h1"
 )
 
-// The limits of client's pool, those tether's http.Transport had.
+// The limits of Client's pool, those tether's http.Transport had.
 const (
 	maxIdleConnsPerBackend = 256
 	maxIdleConns           = 1024
@@ -27,12 +27,19 @@ const (
 	max1xxResponses = 5
 	// maxResponseHeadBytes bounds what is read of the socket while the
 	// head of an answer is read (each 1xx answer gets it anew):
-	// http.Transport's MaxResponseHeaderBytes default. A head longer than
-	// the read buffer is read by net/http, which has no bound of its own.
+	// http.Transport's MaxResponseHeaderBytes default.
 	maxResponseHeadBytes = 10 << 20
+	// headStallTimeout bounds how long the rest of an answer's head may
+	// take once its first bytes have come: a backend that stalls mid-head
+	// holds a connection, a goroutine and a buffer until the client
+	// leaves otherwise. (Nothing bounds the wait for the first byte: a
+	// tool call may run for minutes, and the client's context ends it.)
+	// net/http's server gives a request head ReadHeaderTimeout, tether's
+	// own default 10 s.
+	headStallTimeout = 10 * time.Second
 )
 
-// client is tether's HTTP/1.1 client for backends. A request is written and
+// Client is tether's HTTP/1.1 client for backends. A request is written and
 // its answer read on the goroutine that calls RoundTrip (and reads the
 // body), over keep-alive connections kept in a pool per backend.
 //
@@ -46,20 +53,16 @@ const (
 // seen by peeking at the socket before the request is written
 // (stateProbe), where net/http's readLoop would have noticed it.
 //
-// The retry rules are net/http's, plus tether's own:
-//   - a pooled connection the backend has left (FIN, reset, unsolicited
-//     bytes) is closed unused and the request goes to the next one, or to a
-//     fresh one;
-//   - a request none of whose bytes reached a pooled connection's socket
-//     is sent again, when its body can be replayed;
-//   - a request that got no byte of answer on a pooled connection is sent
-//     again when it is replayable (GET, HEAD, OPTIONS, TRACE, or with an
-//     Idempotency-Key), as net/http does;
-//   - a reset in place of any byte of the answer, or a FIN followed by a
-//     reset within resetWait, is an unreadRequestError, which retryUnread
-//     acts on.
-type client struct {
+// A request is sent again on another connection only as the retry
+// contract allows (retry.go): when the backend cannot have had all of it
+// (a pooled connection the backend had left, seen by the peek before the
+// write; a write that failed before the request's last byte), or when it is
+// idempotent and no byte of its answer came. Every other failure is
+// returned, marked with what the backend may have seen.
+type Client struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// headStallTimeout is headStallTimeout (tests shorten it).
+	headStallTimeout time.Duration
 
 	mu    sync.Mutex
 	idle  map[string][]*clientConn // per backend address, most recently used last
@@ -74,14 +77,15 @@ type client struct {
 	tls     atomic.Pointer[http.Transport]
 }
 
-func newClient(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *client {
-	return &client{dial: dial, idle: make(map[string][]*clientConn)}
+// NewClient returns a Client that dials backends with dial.
+func NewClient(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *Client {
+	return &Client{dial: dial, idle: make(map[string][]*clientConn), headStallTimeout: headStallTimeout}
 }
 
 // clientConn is one keep-alive connection to a backend. It is used by one
 // request at a time: RoundTrip, then the response body's reader.
 type clientConn struct {
-	c    *client
+	c    *Client
 	addr string
 	conn net.Conn
 	// br reads the answers; it is taken from backendReaders for a
@@ -93,13 +97,20 @@ type clientConn struct {
 	probed bool
 	reused bool
 	// unanswered is set when a request is written and cleared by the
-	// first byte read after it; written counts the bytes of the current
-	// request that reached the socket.
+	// first byte read after it; size counts the bytes of the current
+	// request given to the connection, written those that reached the
+	// socket: a request whose written falls short of its size broke before
+	// the backend had all of it (see sentInFull).
 	unanswered bool
 	written    int64
+	size       int64
 	// readLimit is what may still be read of the socket: the rest of
 	// maxResponseHeadBytes while a head is read, unbounded otherwise.
 	readLimit int64
+	// inHead is set while a head is read, headStall once its first bytes
+	// came and a read deadline (headStallTimeout) was set for the rest.
+	// A head that arrives in one read sets no deadline.
+	inHead, headStall bool
 	// The request's last bytes (all of a request that fits the writer's
 	// buffer), held for the first read of the answer to write (see Read):
 	// holdWrite makes Write keep them in pending, a slice of held's
@@ -117,18 +128,22 @@ type clientConn struct {
 	aborted   atomic.Bool
 }
 
-// Read marks a reset that arrives before any byte of the answer (see
-// unreadRequestError). The request has been written in full by then: the
-// first read of an answer writes what the request held back (pending), in
-// the same wait as the read (h1.WriteThenRead), so that no read is tried
-// before the answer can have come; that write's failure is returned as it
-// is, and kept in writeErr.
+// Read reads the answer. The request has been written in full by then,
+// but for its last bytes: the first read of an answer writes what the
+// request held back (pending), in the same wait as the read
+// (h1.WriteThenRead), so that no read is tried before the answer can have
+// come; that write's failure is returned as it is, and kept in writeErr.
 func (pc *clientConn) Read(p []byte) (int, error) {
 	if pc.readLimit <= 0 {
 		return 0, errHeadTooLong
 	}
 	if int64(len(p)) > pc.readLimit {
 		p = p[:pc.readLimit]
+	}
+	if pc.inHead && !pc.headStall && pc.readLimit < maxResponseHeadBytes {
+		// Part of the head is in: the rest gets headStallTimeout.
+		pc.headStall = true
+		pc.conn.SetReadDeadline(time.Now().Add(pc.c.headStallTimeout))
 	}
 	var n int
 	var err error
@@ -148,10 +163,6 @@ func (pc *clientConn) Read(p []byte) (int, error) {
 	pc.readLimit -= int64(n)
 	if n > 0 {
 		pc.unanswered = false
-	} else if err != nil && pc.unanswered && pc.probed {
-		if errors.Is(err, syscall.ECONNRESET) || (err == io.EOF && pc.probe.resetFollows()) {
-			return n, &unreadRequestError{err}
-		}
 	}
 	return n, err
 }
@@ -159,6 +170,7 @@ func (pc *clientConn) Read(p []byte) (int, error) {
 // Write counts the bytes of the request that reached the socket. Under
 // holdWrite, it keeps p for the answer's first read to write instead.
 func (pc *clientConn) Write(p []byte) (int, error) {
+	pc.size += int64(len(p))
 	if pc.holdWrite {
 		pc.pending = p
 		return len(p), nil
@@ -176,7 +188,7 @@ func (pc *clientConn) abort() {
 	pc.conn.Close()
 }
 
-func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
+func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil || req.URL.Host == "" {
 		closeRequestBody(req)
 		return nil, errors.New("tether: backend request without a host")
@@ -194,39 +206,30 @@ func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
 		again.Body = http.NoBody
 		req = &again
 	}
-	a, err := c.send(ctx, dialAddr(req.URL.Host), request{req: req})
+	a, err := c.send(ctx, DialAddr(req.URL.Host), request{req: req})
 	if err != nil {
 		return nil, err
 	}
 	return a.HTTPResponse(), nil
 }
 
-// forward sends a direct request (direct.go): RoundTrip and retryUnread
-// for a request that tether's client writes from the client's. The
-// answer's header is the list of fields it came with: no map is built.
-func (c *client) forward(d *directRequest) (*h1.Answer, error) {
-	ctx := d.r.Context()
-	resp, err := c.send(ctx, d.addr, request{direct: d})
-	for range maxUnreadRetries {
-		if err == nil || !resendable(err) || ctx.Err() != nil {
-			break
-		}
-		resp, err = c.send(ctx, d.addr, request{direct: d})
-	}
-	return resp, err
+// Send sends a Request. The answer's header is the list of fields it
+// came with: no map is built.
+func (c *Client) Send(d *Request) (*h1.Answer, error) {
+	return c.send(d.Client.Context(), DialAddr(d.URL.Host), request{direct: d})
 }
 
 // request is a request for the client to write: an *http.Request
-// (RoundTrip), or a direct request (forward), which has no header map.
+// (RoundTrip), or a Request (Send), which has no header map.
 type request struct {
 	req    *http.Request
-	direct *directRequest
+	direct *Request
 }
 
 // write writes the request to bw.
 func (r request) write(bw *bufio.Writer) error {
 	if r.direct != nil {
-		return r.direct.write(bw)
+		return r.direct.Write(bw)
 	}
 	return h1.WriteRequest(bw, r.req)
 }
@@ -236,7 +239,7 @@ func (r request) write(bw *bufio.Writer) error {
 // has.
 func (r request) http() *http.Request {
 	if r.direct != nil {
-		return r.direct.r
+		return r.direct.Client
 	}
 	return r.req
 }
@@ -251,19 +254,27 @@ func (r request) replayableBody() bool {
 	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 }
 
-// idempotent is net/http's Request.isReplayable without the body check.
+// idempotent reports a request that may be sent again after it may have
+// reached the backend: net/http's Request.isReplayable without the body
+// check (a safe method, or an Idempotency-Key), and for a direct request
+// what the proxy says of it (an MCP method that only reads, see
+// readOnlyMethod).
 func (r request) idempotent() bool {
-	switch r.http().Method {
+	if d := r.direct; d != nil {
+		return d.Idempotent
+	}
+	return idempotentHTTP(r.req.Method, r.req.Header)
+}
+
+// idempotentHTTP is net/http's rule: a safe method, or a request that
+// carries an Idempotency-Key.
+func idempotentHTTP(method string, h http.Header) bool {
+	switch method {
 	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	if d := r.direct; d != nil {
-		return slices.ContainsFunc(d.fields, func(f h1.Field) bool {
-			return f.Name == "Idempotency-Key" || f.Name == "X-Idempotency-Key"
-		})
-	}
-	_, a := r.req.Header["Idempotency-Key"]
-	_, b := r.req.Header["X-Idempotency-Key"]
+	_, a := h["Idempotency-Key"]
+	_, b := h["X-Idempotency-Key"]
 	return a || b
 }
 
@@ -279,8 +290,11 @@ func (r request) closeBody() {
 }
 
 // send makes attempts on pooled or new connections to addr until one
-// gets an answer or fails in a way the backend may have seen.
-func (c *client) send(ctx context.Context, addr string, r request) (*h1.Answer, error) {
+// gets an answer or fails in a way the retry contract does not let it
+// repeat here: a failure on a new connection is returned (the backend may
+// be going away; the caller decides, see mayResend), as is every failure
+// the backend may have acted on.
+func (c *Client) send(ctx context.Context, addr string, r request) (*h1.Answer, error) {
 	for {
 		resp, pc, err := c.roundTrip(ctx, addr, r)
 		if err == nil {
@@ -289,7 +303,7 @@ func (c *client) send(ctx context.Context, addr string, r request) (*h1.Answer, 
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		if pc == nil || !pc.reused || !c.retryable(pc, r, err) {
+		if pc == nil || !pc.reused || !r.replayableBody() || !MayResend(err, r.idempotent() && pc.unanswered) {
 			return nil, err
 		}
 		if req := r.req; req != nil && req.Body != nil && req.Body != http.NoBody {
@@ -304,24 +318,9 @@ func (c *client) send(ctx context.Context, addr string, r request) (*h1.Answer, 
 	}
 }
 
-// retryable reports whether a request that failed on the pooled connection
-// pc may be sent again on another: the backend cannot have seen it.
-func (c *client) retryable(pc *clientConn, r request, err error) bool {
-	if pc.written == 0 {
-		return r.replayableBody() // nothing left tether
-	}
-	if isUnread(err) {
-		return false // retryUnread's, bounded there
-	}
-	// No byte of an answer on a connection that carried one before: the
-	// backend closed it, as net/http reads it, before taking the request.
-	// net/http sends such a request again only when it is idempotent.
-	return pc.unanswered && r.replayableBody() && r.idempotent()
-}
-
 // roundTrip makes one attempt on one connection. pc is the connection the
 // request was written into, nil when none could be had.
-func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Answer, *clientConn, error) {
+func (c *Client) roundTrip(ctx context.Context, addr string, r request) (*h1.Answer, *clientConn, error) {
 	pc, err := c.conn(ctx, addr)
 	if err != nil {
 		r.closeBody()
@@ -331,7 +330,7 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	// the context of a request h1 serves.
 	pc.aborted.Store(false)
 	pc.stop = h1.AfterCancel(ctx, pc.abortFunc)
-	pc.written, pc.unanswered = 0, true
+	pc.written, pc.size, pc.unanswered = 0, 0, true
 	req := r.http()
 	bw := backendWriters.Get().(*bufio.Writer)
 	bw.Reset(pc)
@@ -380,23 +379,24 @@ func (c *client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 		resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: false}
 		return resp, pc, nil
 	}
-	reuse := !resp.Close && !r.closes()
+	reuse := !r.closes()
 	if resp.Body == http.NoBody {
-		pc.release(reuse)
+		pc.release(reuse && resp.Reusable(pc.br))
 		return resp, pc, nil
 	}
-	resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: reuse}
+	resp.Body = &clientBody{pc: pc, rc: resp.Body, reuse: reuse, answer: resp}
 	return resp, pc, nil
 }
 
 // writeFailed ends a request whose write failed: the backend's early
-// answer, if it sent one, else err.
+// answer, if it sent one, else err, marked as a request the backend did
+// not get whole (see notSentError).
 func (pc *clientConn) writeFailed(req *http.Request, err error) (*h1.Answer, *clientConn, error) {
 	if resp := pc.earlyAnswer(req); resp != nil {
 		return resp, pc, nil
 	}
 	pc.close()
-	return nil, pc, err
+	return nil, pc, &notSentError{err: err, written: pc.written}
 }
 
 // releaseHeld gives the writer whose buffer held the request's last bytes
@@ -414,8 +414,17 @@ func (pc *clientConn) releaseHeld() {
 // maxResponseHeadBytes; the body is read as the caller reads it.
 func (pc *clientConn) readResponse(req *http.Request) (*h1.Answer, error) {
 	pc.readLimit = maxResponseHeadBytes
+	pc.inHead = true
 	resp, err := h1.ReadAnswer(pc.br, req)
+	pc.inHead = false
 	pc.readLimit = math.MaxInt64
+	if pc.headStall {
+		pc.headStall = false
+		pc.conn.SetReadDeadline(time.Time{})
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("%w (%v): %w", errHeadStalled, pc.c.headStallTimeout, err)
+		}
+	}
 	return resp, err
 }
 
@@ -444,7 +453,7 @@ func (pc *clientConn) earlyAnswer(req *http.Request) *h1.Answer {
 
 // conn takes the most recently used idle connection to addr that the
 // backend has not left, or dials a new one.
-func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
+func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	for {
 		pc := c.takeIdle(addr)
 		if pc == nil {
@@ -466,7 +475,7 @@ func (c *client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	return pc, nil
 }
 
-func (c *client) takeIdle(addr string) *clientConn {
+func (c *Client) takeIdle(addr string) *clientConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -524,7 +533,7 @@ var (
 // close ends the current request on pc and closes it.
 func (pc *clientConn) close() { pc.release(false) }
 
-func (c *client) put(pc *clientConn) {
+func (c *Client) put(pc *clientConn) {
 	pc.idleSince = time.Now()
 	c.mu.Lock()
 	if c.nidle >= maxIdleConns || len(c.idle[pc.addr]) >= maxIdleConnsPerBackend {
@@ -547,7 +556,7 @@ func (c *client) put(pc *clientConn) {
 
 // closeExpired closes the connections idle for idleConnTimeout, and runs
 // again when the oldest of the others expires.
-func (c *client) closeExpired() {
+func (c *Client) closeExpired() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.swept = false
@@ -581,7 +590,7 @@ func (c *client) closeExpired() {
 
 // CloseIdleConnections closes every idle connection; those in use are
 // closed when their request ends.
-func (c *client) CloseIdleConnections() {
+func (c *Client) CloseIdleConnections() {
 	if t := c.tls.Load(); t != nil {
 		t.CloseIdleConnections()
 	}
@@ -603,7 +612,10 @@ type clientBody struct {
 	pc    *clientConn
 	rc    io.ReadCloser
 	reuse bool
-	state atomic.Int32 // bodyOpen, bodyEOF or bodyClosed
+	// answer is the answer whose body this is (h1.Answer.Reusable),
+	// nil when the connection is not reused anyway.
+	answer *h1.Answer
+	state  atomic.Int32 // bodyOpen, bodyEOF or bodyClosed
 }
 
 const (
@@ -622,7 +634,8 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if err != nil {
 		if err == io.EOF {
-			b.finish(bodyEOF, b.reuse)
+			// The answer's own test: its end certain, nothing after it.
+			b.finish(bodyEOF, b.reuse && b.answer.Reusable(b.pc.br))
 		} else {
 			if b.pc.aborted.Load() {
 				// The request's context ended the connection.
@@ -658,4 +671,5 @@ func closeRequestBody(req *http.Request) {
 var (
 	errBodyClosed  = errors.New("http: read on closed response body")
 	errHeadTooLong = errors.New("tether: the backend's answer has a head longer than 10 MiB")
+	errHeadStalled = errors.New("tether: the backend stalled in the middle of its answer's head")
 )
