@@ -75,6 +75,7 @@ type config struct {
 	BodyTimeout               time.Duration
 	MaxStreams                int
 	HTTP2MaxConcurrentStreams int
+	ClientSendTimeout         time.Duration
 
 	// AffinityHeader names the request header whose value is a handle key
 	// for consistent hashing with bounded loads (balancer.PickByKey);
@@ -110,6 +111,7 @@ func defaultConfig() config {
 		BodyTimeout:               proxy.DefaultBodyTimeout,
 		MaxStreams:                proxy.DefaultMaxStreams,
 		HTTP2MaxConcurrentStreams: server.DefaultHTTP2MaxConcurrentStreams,
+		ClientSendTimeout:         server.DefaultClientSendTimeout,
 		AffinityEpsilon:           balancer.DefaultAffinityEpsilon,
 		// Why these bounds: see session.DefaultMaxSessions and
 		// session.DefaultMaxInitBytes.
@@ -169,6 +171,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "time a request body may take to arrive, whole (slower: 408, connection closed)")
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "GET (SSE) streams open at once (more: 503)")
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
+	fs.DurationVar(&cfg.ClientSendTimeout, "client-send-timeout", cfg.ClientSendTimeout, "time a client may take nothing of an answer being written to it before the write fails, the request is cancelled and the connection closed (nginx's send_timeout)")
 	fs.StringVar(&cfg.AffinityHeader, "affinity-header", "", "header (e.g. Mcp-Param-Workspace) whose value keys session-less MCP 2026-07-28 requests to one backend by consistent hashing with bounded loads (default: none)")
 	fs.Float64Var(&cfg.ListenStreamWeight, "listen-stream-weight", cfg.ListenStreamWeight, "what one open subscriptions/listen stream adds to its backend's load, next to 1 per request in flight (0: streams are placed by load but weigh nothing)")
 	fs.StringVar(&cfg.AffinityArgument, "affinity-argument", "", "the tools/call argument --affinity-header carries (e.g. workspace): tether checks the header against params.arguments.NAME and refuses a mismatch (required with --affinity-header)")
@@ -245,6 +248,8 @@ func (c config) validate() error {
 		return fmt.Errorf("--max-streams must be positive, got %d", c.MaxStreams)
 	case c.HTTP2MaxConcurrentStreams <= 0:
 		return fmt.Errorf("--http2-max-concurrent-streams must be positive, got %d", c.HTTP2MaxConcurrentStreams)
+	case c.ClientSendTimeout <= 0:
+		return fmt.Errorf("--client-send-timeout must be positive, got %s", c.ClientSendTimeout)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must not be negative, got %s", c.ShutdownGrace)
 	case c.MemoryReleaseAfter < 0:

@@ -52,11 +52,15 @@ func TestParseServeFlags(t *testing.T) {
 				c.RedisPassword = "s3cret"
 			}), ""},
 		{"limits", []string{"--backends", "http://127.0.0.1:9001", "--max-inflight-body-bytes", "8388608", "--body-timeout", "5s",
-			"--http2-max-concurrent-streams", "100"},
+			"--http2-max-concurrent-streams", "100", "--client-send-timeout", "30s"},
 			env("TETHER_MAX_STREAMS", "500"),
 			with(func(c *config) {
 				c.MaxInflightBodyBytes, c.BodyTimeout, c.MaxStreams, c.HTTP2MaxConcurrentStreams = 8<<20, 5*time.Second, 500, 100
+				c.ClientSendTimeout = 30 * time.Second
 			}), ""},
+		{"client send timeout from env", []string{"--backends", "http://127.0.0.1:9001"},
+			env("TETHER_CLIENT_SEND_TIMEOUT", "2m"),
+			with(func(c *config) { c.ClientSendTimeout = 2 * time.Minute }), ""},
 
 		{"init body and principal", []string{"--backends", "http://127.0.0.1:9001", "--max-init-body", "8192",
 			"--principal-headers", "Authorization, X-Auth-Request-User", "--principal-key-file", "/run/key"}, env(),
@@ -92,6 +96,7 @@ func TestParseServeFlags(t *testing.T) {
 		{"negative memory release", []string{"--backends", "http://127.0.0.1:9001", "--memory-release-after", "-1s"}, env(), config{}, "--memory-release-after"},
 		{"zero body timeout", []string{"--backends", "http://127.0.0.1:9001", "--body-timeout", "0s"}, env(), config{}, "--body-timeout"},
 		{"zero max streams", []string{"--backends", "http://127.0.0.1:9001", "--max-streams", "0"}, env(), config{}, "--max-streams"},
+		{"zero client send timeout", []string{"--backends", "http://127.0.0.1:9001", "--client-send-timeout", "0s"}, env(), config{}, "--client-send-timeout"},
 		{"zero h2 streams", []string{"--backends", "http://127.0.0.1:9001", "--http2-max-concurrent-streams", "0"}, env(), config{}, "--http2-max-concurrent-streams"},
 		{"bad redis url", []string{"--backends", "http://127.0.0.1:9001", "--redis-url", "http://x"}, env(), config{}, "--redis-url"},
 		{"redis ca without redis", []string{"--backends", "http://127.0.0.1:9001", "--redis-ca", "/ca.pem"}, env(), config{}, "--redis-ca needs --redis-url"},

@@ -63,6 +63,7 @@ func serverConfig(cfg config, log *slog.Logger) (server.Config, error) {
 		MaxStreams:           cfg.MaxStreams,
 
 		HTTP2MaxConcurrentStreams: cfg.HTTP2MaxConcurrentStreams,
+		ClientSendTimeout:         cfg.ClientSendTimeout,
 		AffinityHeader:            cfg.AffinityHeader,
 		AffinityEpsilon:           cfg.AffinityEpsilon,
 		AffinityArgument:          cfg.AffinityArgument,

@@ -40,6 +40,21 @@ const (
 	// this never needs it (the answer's write is what fails if the client
 	// has gone), and a stream or a slow tool call is watched from then on.
 	clientWatchDelay = 100 * time.Millisecond
+	// lingerTimeout is how long a connection closed after an answer while
+	// its request's body is still coming is kept half-closed, its write
+	// side closed and what arrives read and dropped, before it is closed:
+	// closed at once, with bytes unread, it would send the client a reset,
+	// which may destroy the answer before the client has read it. It is
+	// net/http's rstAvoidanceDelay (closeWriteAndWait), which sleeps as
+	// long; reading lets a client that closes end the wait sooner.
+	lingerTimeout = 500 * time.Millisecond
+	// maxLingerReads bounds the reads of that wait, besides its time.
+	maxLingerReads = 1 << 14
+	// maxLeadingCRLF is how many CR or LF bytes before a request are
+	// dropped after a POST (RFC 9112 §2.2: some old clients end a POST's
+	// body with a CRLF it does not count): as net/http, those among the
+	// next 4 bytes.
+	maxLeadingCRLF = 4
 	// idleSlack is the fraction of IdleTimeout by which a connection's idle
 	// deadline may exceed IdleTimeout: the deadline set for one wait is kept
 	// for the next ones until it is closer than IdleTimeout, so that a busy
@@ -95,13 +110,24 @@ type conn struct {
 
 	body body
 	resp response
-	// req and url are the running request's, reused between requests: a
-	// handler does not keep its request past its return (net/http's rule),
-	// and they were two allocations of every request.
-	req    http.Request
+	// url is where the head's URL is parsed, copied into the request's
+	// own (see servedRequest) and cleared.
 	url    url.URL
 	header http.Header // the response header map, cleared between requests
 	fields Fields      // the request's fields, reused between requests (keptFields)
+
+	// headDeadline is the header deadline of the head being read, zero
+	// while none runs: from the accept for the first (see newConn), from
+	// its first byte for a later one. A hand-over keeps it (handedConn).
+	headDeadline time.Time
+	// afterPost says the last request was a POST: the next may be preceded
+	// by a CRLF (see maxLeadingCRLF).
+	afterPost bool
+	// linger says the connection is to be closed as lingerTimeout
+	// describes.
+	linger bool
+	// send bounds the writes of the answers (Server.SendTimeout).
+	send sendBound
 
 	// mu guards the client watch (see clientWatchDelay and watch.go), the
 	// request's cancellation (cancel.go) and, while a request runs, the
@@ -119,6 +145,10 @@ type conn struct {
 	// socket, which a new deadline must reach at once, as net.Conn's does.
 	rdWant, rdSet time.Time
 	socketRead    bool
+	// bodyClosing says the handler has returned and its body's reads are
+	// being ended (requestBody.close): a read about to wait on the socket
+	// fails instead.
+	bodyClosing bool
 
 	// The client watch. reqSeq numbers the requests; watchSeq is the
 	// number of the last one the server's watch timer saw running.
@@ -154,6 +184,13 @@ func newConn(s *Server, rwc net.Conn, ctx context.Context) *conn {
 	c := &conn{srv: s, rwc: rwc, io: RawIO(rwc), ctx: ctx, remote: rwc.RemoteAddr().String()}
 	c.state.Store(stateActive)
 	c.body.c = c
+	c.send.init(rwc, s.SendTimeout)
+	if d := s.std.ReadHeaderTimeout; d > 0 {
+		// As net/http: the first head's time runs from the accept (just
+		// made), not from its first byte, so that a connection that sends
+		// nothing is not held for an idle timeout.
+		c.headDeadline = time.Now().Add(d)
+	}
 	if ctx.Done() == nil {
 		// The requests' contexts are cancelled by c alone (a base with a
 		// deadline cancels them itself): AfterCancel finds c through
@@ -191,6 +228,9 @@ func (c *conn) serve() {
 		c.mu.Unlock()
 		if !handedOff {
 			c.state.Store(stateClosed)
+			if c.linger {
+				c.closeWriteAndWait()
+			}
 			c.rwc.Close()
 			putReadBuffer(c.buf)
 			c.buf, c.r, c.w = nil, 0, 0
@@ -218,9 +258,15 @@ func (c *conn) readHead() (head, error) {
 	if c.buf == nil {
 		c.buf = getReadBuffer()
 	}
-	if c.r == c.w {
+	waited := c.r == c.w
+	if waited {
 		c.r, c.w = 0, 0
 		if err := c.waitRequest(); err != nil {
+			return head{}, err
+		}
+	}
+	if c.afterPost {
+		if err := c.skipLeadingCRLF(waited); err != nil {
 			return head{}, err
 		}
 	}
@@ -231,6 +277,11 @@ func (c *conn) readHead() (head, error) {
 		if bare {
 			return head{}, errHandOff
 		}
+		if end > c.maxHead() {
+			// Whole, but past the limit (the buffer holds a byte more, to
+			// see the limit passed): net/http answers 431.
+			return head{}, errHandOff
+		}
 		if end >= 0 {
 			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0], &c.url)
 			if !ok {
@@ -238,19 +289,21 @@ func (c *conn) readHead() (head, error) {
 			}
 			c.fields = h.fields // its array, perhaps grown, for the next
 			c.r += end
+			c.headDeadline = time.Time{}
 			return h, nil
 		}
 		if c.w-c.r >= c.maxHead() {
 			return head{}, errHandOff // net/http answers 431
 		}
 		if !deadline {
-			// The head is not whole: it gets ReadHeaderTimeout from now
-			// (and no idle deadline any more).
+			// The head is not whole: it gets ReadHeaderTimeout from its
+			// first byte, just read (and no idle deadline any more), or
+			// from the accept for the first.
 			deadline = true
-			c.rdWant = time.Time{}
-			if d := c.srv.std.ReadHeaderTimeout; d > 0 {
-				c.rdWant = time.Now().Add(d)
+			if d := c.srv.std.ReadHeaderTimeout; d > 0 && c.headDeadline.IsZero() {
+				c.headDeadline = time.Now().Add(d)
 			}
+			c.rdWant = c.headDeadline
 		}
 		searched = c.w - c.r
 		c.makeRoom()
@@ -263,8 +316,20 @@ func (c *conn) readHead() (head, error) {
 	}
 }
 
-// waitRequest waits, idle, for the first bytes of a request.
+// waitRequest waits, idle, for the first bytes of a request: until the
+// header deadline for the first (see newConn), the idle deadline for
+// the others.
 func (c *conn) waitRequest() error {
+	c.rdWant = c.headDeadline
+	if c.headDeadline.IsZero() {
+		c.wantIdleDeadline()
+	}
+	return c.waitBytes()
+}
+
+// wantIdleDeadline makes the idle deadline the one the next read of the
+// socket is to have: none without IdleTimeout.
+func (c *conn) wantIdleDeadline() {
 	c.rdWant = time.Time{}
 	if d := c.srv.std.IdleTimeout; d > 0 {
 		// The idle deadline of an earlier wait is kept while it is at
@@ -275,6 +340,11 @@ func (c *conn) waitRequest() error {
 			c.rdWant = earliest.Add(d / idleSlack)
 		}
 	}
+}
+
+// waitBytes waits, idle, for bytes to read into buf, which is empty, with
+// the read deadline wanted.
+func (c *conn) waitBytes() error {
 	c.applyReadDeadline()
 	if !c.state.CompareAndSwap(stateActive, stateIdle) || c.srv.closing.Load() {
 		return net.ErrClosed
@@ -298,6 +368,33 @@ func (c *conn) waitRequest() error {
 	}
 	// The idle deadline stays on the socket: a request's reads of it
 	// apply the request's deadline first.
+	return nil
+}
+
+// skipLeadingCRLF drops the CR and LF bytes, up to maxLeadingCRLF, that
+// start what comes after a POST, as net/http does; it waits for the bytes
+// that follow them as for a request, idle, with one idle deadline for all
+// its waits (as net/http's one Peek): the one of the wait before
+// (waited), or one set at its first wait (the CR came with the body).
+// What is left to read starts with another byte, or is empty after
+// maxLeadingCRLF of them (the head's wait then begins, as net/http's).
+func (c *conn) skipLeadingCRLF(waited bool) error {
+	for range maxLeadingCRLF {
+		if c.r == c.w {
+			c.r, c.w = 0, 0
+			if !waited {
+				waited = true
+				c.wantIdleDeadline()
+			}
+			if err := c.waitBytes(); err != nil {
+				return err
+			}
+		}
+		if b := c.buf[c.r]; b != '\r' && b != '\n' {
+			return nil
+		}
+		c.r++
+	}
 	return nil
 }
 
@@ -342,28 +439,64 @@ func (c *conn) makeRoom() {
 }
 
 // handOff gives the connection, with what was read of it, to the wrapped
-// server.
+// server, and the header deadline of the head it has begun.
 func (c *conn) handOff() bool {
 	if !c.rdSet.IsZero() {
 		// net/http is given the connection as it accepts one, without a
 		// deadline: it sets none before some reads (an h2c preface's,
-		// without ReadHeaderTimeout).
+		// without ReadHeaderTimeout). Its first one is the header
+		// deadline, which handedConn keeps no later than headDeadline.
 		c.rwc.SetReadDeadline(time.Time{})
 	}
+	c.send.mu.Lock()
+	if !c.send.set.IsZero() {
+		c.rwc.SetWriteDeadline(time.Time{}) // nor a write deadline
+	}
+	c.send.mu.Unlock()
 	pending := append([]byte(nil), c.buf[c.r:c.w]...)
 	putReadBuffer(c.buf)
 	c.buf = nil
-	return c.srv.handoff.give(&replayConn{Conn: c.rwc, pending: pending})
+	return c.srv.handoff.give(newHandedConn(c.rwc, pending, c.headDeadline, c.srv.SendTimeout))
+}
+
+// closeWriteAndWait closes the connection's write side, after an answer
+// sent while the request's body was still coming, then reads and drops
+// what arrives until the client closes, for lingerTimeout at most: see
+// lingerTimeout. net/http's does the same for its connections
+// (handedConn lets it close their write side).
+func (c *conn) closeWriteAndWait() {
+	if cw, ok := c.rwc.(closeWriter); ok {
+		cw.CloseWrite()
+	}
+	if c.rwc.SetReadDeadline(time.Now().Add(lingerTimeout)) != nil {
+		return
+	}
+	buf := c.buf
+	if buf == nil {
+		buf = getReadBuffer()
+		defer putReadBuffer(buf)
+	}
+	for range maxLingerReads {
+		if _, err := c.io.Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 // serveRequest answers one request; it reports whether the connection can
 // carry another.
 func (c *conn) serveRequest(h *head) bool {
 	ctx, cancel := context.WithCancelCause(c.ctx)
+	x := new(servedRequest)
+	x.url = *h.url
+	c.url = url.URL{} // it points into the head
 	var reqBody io.ReadCloser = http.NoBody
+	var rb *requestBody
 	if h.contentLength > 0 {
 		c.body.remain = h.contentLength
-		reqBody = &c.body
+		x.body.b = &c.body
+		rb = &x.body
+		reqBody = rb
 	}
 	c.body.err = nil
 	fh, _ := c.srv.std.Handler.(FieldsHandler)
@@ -373,7 +506,7 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 	r := http.Request{
 		Method:        h.method,
-		URL:           h.url,
+		URL:           &x.url,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
@@ -385,14 +518,16 @@ func (c *conn) serveRequest(h *head) bool {
 		RequestURI:    h.target,
 		Close:         h.close,
 	}
-	// WithContext's copy stays on the stack: the request is c's.
-	c.req = *r.WithContext(ctx)
-	req := &c.req
+	// WithContext's copy stays on the stack: the request is x's.
+	x.req = *r.WithContext(ctx)
+	req := &x.req
+	c.afterPost = h.method == http.MethodPost
 	if c.header == nil {
 		c.header = make(http.Header)
 	}
 	w := &c.resp
-	w.reset(c, req, c.header)
+	w.reset(c, req, rb, c.header)
+	w.closeAfter = h.wantsClose
 	c.armWatch(ctx, cancel, h.contentLength == 0)
 	if base := c.srv.base; base != nil && base.Err() != nil {
 		// Ended before cancelRequests could see this request.
@@ -402,19 +537,37 @@ func (c *conn) serveRequest(h *head) bool {
 	aborted := c.runHandler(w, req, fh, h.fields)
 	c.endRequest()
 	c.releaseFields()
+	rb.close(c)
 	if aborted {
 		return false
 	}
 	w.finish()
+	// A handler's write deadline bounds its answer, to the end (as
+	// net/http's), and no more.
+	c.send.clearAsked()
 	if w.err != nil || w.closeAfter || c.gone {
+		// With the body still coming, the client may not read the answer
+		// before it has sent it all: closed at once, the connection would
+		// reset, answer and all.
+		c.linger = w.err == nil && !c.gone && c.body.remain > int64(c.w-c.r)
 		return false
 	}
 	w.release()
 	clear(c.header)
-	// An idle connection keeps nothing of its last request: the request
-	// and its URL point into the head, and at its context.
-	c.req, c.url = http.Request{}, url.URL{}
 	return !c.srv.closing.Load()
+}
+
+// servedRequest is a request the fast path serves: its *http.Request, with
+// the URL and the Body it points to, in one allocation. Each request has
+// its own, as net/http's do, so that a handler may keep r after it
+// returns (an access log written later, a goroutine it started): what it
+// reads there stays this request's. The body's reads end when the handler
+// returns (requestBody.close), as net/http's, for a handler that read it
+// later would read the connection's next request.
+type servedRequest struct {
+	req  http.Request
+	url  url.URL
+	body requestBody
 }
 
 // runHandler runs the handler, with the request's fields when it is a
@@ -460,7 +613,13 @@ func (c *conn) releaseFields() {
 // written: a client that sends its whole request before it reads the
 // answer would otherwise be stuck. It reports whether the connection can
 // carry another request: not after a failed body read, nor past the limit.
-func (c *conn) discardBody() bool {
+// rb is the request's Body (nil without one): its lock keeps a read of
+// the handler's out while this one reads.
+func (c *conn) discardBody(rb *requestBody) bool {
+	if rb != nil {
+		rb.mu.Lock()
+		defer rb.mu.Unlock()
+	}
 	if c.body.err != nil || c.body.remain >= maxDiscardBody {
 		return false
 	}
@@ -479,6 +638,70 @@ func stack() []byte {
 	buf := make([]byte, 64<<10)
 	return buf[:runtime.Stack(buf, false)]
 }
+
+// requestBody is a request's Body: the connection's body while the
+// handler runs. Its reads are locked, so that the connection's own
+// (discardBody) and the end of the request (close) wait for a read of the
+// handler's; after close they return http.ErrBodyReadAfterClose, as
+// net/http's do once the handler has returned.
+type requestBody struct {
+	mu     sync.Mutex
+	b      *body
+	closed bool
+}
+
+func (rb *requestBody) Read(p []byte) (int, error) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.closed {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return rb.b.Read(p)
+}
+
+// Buffered reports whether the rest of the body has already been read
+// from the connection (a small body arrives with its head): reading it
+// cannot wait for the client, so a deadline for it bounds nothing.
+func (rb *requestBody) Buffered() bool {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	return rb.closed || rb.b.Buffered()
+}
+
+// Close is a no-op: the unread rest of a body is dropped, or the
+// connection closed, once the handler has returned.
+func (rb *requestBody) Close() error { return nil }
+
+// close ends the handler's reads of the body, once it has returned. A read
+// still running (a goroutine the handler left behind) is waited for; if it
+// waits on the socket, or is about to, it is interrupted first, so that
+// the connection does not wait for the client: that body then failed, and
+// the connection closes after the answer. rb may be nil (no body).
+func (rb *requestBody) close(c *conn) {
+	if rb == nil {
+		return
+	}
+	// A body's reads are over when its handler returns, but for a
+	// handler that left one running: the lock is free.
+	if !rb.mu.TryLock() {
+		c.mu.Lock()
+		c.bodyClosing = true
+		if c.socketRead {
+			c.rdSet = aLongTimeAgo
+			c.rwc.SetReadDeadline(aLongTimeAgo)
+		}
+		c.mu.Unlock()
+		rb.mu.Lock()
+		c.mu.Lock()
+		c.bodyClosing = false
+		c.mu.Unlock()
+	}
+	rb.closed = true
+	rb.mu.Unlock()
+}
+
+// errBodyAbandoned is the error of a body read its handler left running.
+var errBodyAbandoned = errors.New("h1: request body read after its handler returned")
 
 // body is a request body of known length, read from the connection's
 // buffer, then from the connection.
@@ -530,6 +753,10 @@ func (b *body) Buffered() bool { return int64(b.c.w-b.c.r) >= b.remain }
 // readSocket is a body's read of the socket, with the request's deadline.
 func (c *conn) readSocket(p []byte) (int, error) {
 	c.mu.Lock()
+	if c.bodyClosing {
+		c.mu.Unlock()
+		return 0, errBodyAbandoned
+	}
 	c.applyReadDeadline()
 	c.socketRead = true
 	c.mu.Unlock()
@@ -540,6 +767,21 @@ func (c *conn) readSocket(p []byte) (int, error) {
 	return n, err
 }
 
-// Close is a no-op: the unread rest of a body is dropped, or the
-// connection closed, once the handler has returned.
-func (b *body) Close() error { return nil }
+// connWriter is what the fast path's answers are written to: the
+// connection's RawIO, within the send bound. (A conversion of *conn: no
+// allocation.)
+type connWriter conn
+
+func (w *connWriter) Write(p []byte) (int, error) {
+	c := (*conn)(w)
+	return c.send.write(c.io, p)
+}
+
+// writer is where an answer is written: the connection's RawIO, through
+// the send bound when there is one.
+func (c *conn) writer() io.Writer {
+	if c.send.timeout > 0 {
+		return (*connWriter)(c)
+	}
+	return c.io
+}

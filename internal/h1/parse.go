@@ -27,7 +27,10 @@ type head struct {
 	fields         Fields // without Host, which is host
 	host           string
 	contentLength  int64
-	close          bool // the client asked for the connection to be closed
+	close          bool // the client asked for the connection to be closed (Request.Close)
+	// wantsClose says the connection is to be closed after the answer: on
+	// close, and as net/http's server also decides (see connectionClose).
+	wantsClose bool
 }
 
 // method returns the method m names, if the fast path serves it: a
@@ -159,6 +162,7 @@ func parseHead(block string, dst Fields, u *url.URL) (h head, ok bool) {
 	}
 	if f.has(keyConnection) {
 		h.close = h.fields.containsToken("Connection", "close")
+		h.wantsClose = h.close || connectionClose(h.fields.Get("Connection"))
 	}
 	// As net/http's ReadRequest: HTTP/1.0's "Pragma: no-cache" means
 	// "Cache-Control: no-cache" when the latter is absent.
@@ -166,6 +170,23 @@ func parseHead(block string, dst Fields, u *url.URL) (h head, ok bool) {
 		h.fields = append(h.fields, Field{"Cache-Control", "no-cache"})
 	}
 	return h, true
+}
+
+// connectionClose reports whether net/http's server closes the connection
+// after the answer for a request whose first Connection field is v (its
+// wantsClose, hasToken): "close", in any case, between spaces, tabs or
+// commas, such as "Close 0", which Request.Close (a comma-separated list
+// of tokens) does not count.
+func connectionClose(v string) bool {
+	const token = "close"
+	boundary := func(b byte) bool { return b == ' ' || b == '\t' || b == ',' }
+	for i := 0; i+len(token) <= len(v); i++ {
+		if (i == 0 || boundary(v[i-1])) && (i+len(token) == len(v) || boundary(v[i+len(token)])) &&
+			strings.EqualFold(v[i:i+len(token)], token) {
+			return true
+		}
+	}
+	return false
 }
 
 // parseContentLength parses a Content-Length field's value: digits only.

@@ -48,6 +48,11 @@ type rawConn struct {
 	wbuf                                     []byte
 	wn                                       int
 	werr                                     syscall.Errno
+	// bound is the send bound of the write in progress (writeWithin), and
+	// boundAt what of wbuf was written when it last set its deadline (-1:
+	// not yet).
+	bound   *sendBound
+	boundAt int
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -185,6 +190,19 @@ func (c *rawConn) Write(p []byte) (int, error) {
 	return c.wn, nil
 }
 
+// writeWithin is Write within a send bound: the bound sets a deadline only
+// for a write that waits for room (see sendBound), from writeAll, just
+// before the poller's wait, which then has it.
+func (c *rawConn) writeWithin(p []byte, b *sendBound) (int, error) {
+	c.bound, c.boundAt = b, -1
+	n, err := c.Write(p)
+	if c.boundAt >= 0 {
+		b.waited()
+	}
+	c.bound = nil
+	return n, err
+}
+
 // writeAll writes what is left of wbuf; false asks the poller to wait for
 // room. MSG_NOSIGNAL: a peer gone is an EPIPE error, not a signal.
 func (c *rawConn) writeAll(fd uintptr) bool {
@@ -195,6 +213,14 @@ func (c *rawConn) writeAll(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			if c.bound != nil && c.boundAt != c.wn {
+				// The first wait of a bounded write, or the client took
+				// some bytes since the last: the bound runs from now.
+				// (Setting the deadline here, the fd's write lock held,
+				// is safe: deadlines take no lock of the fd's.)
+				c.boundAt = c.wn
+				c.bound.waiting()
+			}
 			return false
 		case 0:
 			c.wn += int(n)

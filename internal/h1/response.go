@@ -46,6 +46,7 @@ var outs = sync.Pool{New: func() any {
 type response struct {
 	c      *conn
 	req    *http.Request
+	body   *requestBody // req's Body, nil without one
 	header http.Header
 	// fields are adopted fields (AdoptFields), rendered after header's.
 	// Header merges them into header: with fields set, header holds only
@@ -68,8 +69,8 @@ type response struct {
 	err           error  // the first write to the connection that failed
 }
 
-func (w *response) reset(c *conn, req *http.Request, header http.Header) {
-	*w = response{c: c, req: req, header: header, contentLength: -1, closeAfter: req.Close}
+func (w *response) reset(c *conn, req *http.Request, body *requestBody, header http.Header) {
+	*w = response{c: c, req: req, body: body, header: header, contentLength: -1, closeAfter: req.Close}
 }
 
 // release returns the write buffers to the pool.
@@ -84,7 +85,7 @@ func (w *response) release() {
 func (w *response) buffers() *out {
 	if w.o == nil {
 		w.o = outs.Get().(*out)
-		w.o.bw.Reset(w.c.io)
+		w.o.bw.Reset(w.c.writer())
 		w.o.head = w.o.head[:0]
 		w.o.pending = w.o.pending[:0]
 	}
@@ -321,7 +322,7 @@ func (w *response) write(p []byte) {
 		return
 	}
 	if _, err := w.o.bw.Write(p); err != nil {
-		w.err = err
+		w.fail(err)
 	}
 }
 
@@ -330,8 +331,19 @@ func (w *response) flush() {
 		return
 	}
 	if err := w.o.bw.Flush(); err != nil {
-		w.err = err
+		w.fail(err)
 	}
+}
+
+// fail notes the first failed write to the connection, and cancels the
+// request's context with it as the cause, as net/http does (its
+// checkConnErrorWriter): the client is gone, or read nothing for
+// SendTimeout, and the handler is to stop.
+func (w *response) fail(err error) {
+	w.err = err
+	w.c.mu.Lock()
+	w.c.cancelLocked(err)
+	w.c.mu.Unlock()
 }
 
 var crlf = []byte("\r\n")
@@ -369,7 +381,7 @@ func (w *response) commit(next []byte) {
 		b = appendDate(b)
 		b = append(b, "\r\n"...)
 	}
-	if w.c.srv.closing.Load() || !w.c.discardBody() {
+	if w.c.srv.closing.Load() || !w.c.discardBody(w.body) {
 		w.closeAfter = true
 	}
 	if w.closeAfter && !w.headerClose {
@@ -420,8 +432,9 @@ func (w *response) FlushError() error {
 // http.ResponseController). It reaches the socket when a read needs it.
 func (w *response) SetReadDeadline(t time.Time) error { return w.c.setReadDeadline(t) }
 
-// SetWriteDeadline bounds the connection's writes.
-func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
+// SetWriteDeadline bounds the connection's writes, within SendTimeout's
+// bound, until the request ends.
+func (w *response) SetWriteDeadline(t time.Time) error { return w.c.send.setDeadline(t) }
 
 // finish completes the answer after the handler has returned.
 func (w *response) finish() {

@@ -196,6 +196,14 @@ func TestResponsesAsNetHTTP(t *testing.T) {
 		{"client closes", "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", func(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, "bye")
 		}},
+		// Not a token list Request.Close counts, but net/http's server
+		// closes the connection for it (its wantsClose).
+		{"client closes, spaced", "GET /x HTTP/1.1\r\nHost: x\r\nConnection: Close 0\r\n\r\n", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "close %v", r.Close)
+		}},
+		{"client closes, second field", "GET /x HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "close %v", r.Close)
+		}},
 		{"declared trailer", get, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Trailer", "X-T")
 			w.WriteHeader(http.StatusOK)

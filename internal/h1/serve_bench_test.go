@@ -22,7 +22,14 @@ import (
 // The client is a raw loop over pre-built bytes.
 //
 //	go test -run '^$' -bench Serve -benchmem ./internal/h1/
-func BenchmarkServe(b *testing.B) {
+func BenchmarkServe(b *testing.B) { benchServe(b, 0) }
+
+// BenchmarkServeSendTimeout is BenchmarkServe with a SendTimeout, as
+// tether serves (--client-send-timeout): the cost of the bound on each
+// write.
+func BenchmarkServeSendTimeout(b *testing.B) { benchServe(b, time.Minute) }
+
+func benchServe(b *testing.B, sendTimeout time.Duration) {
 	answer := `{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"hello"}]}}`
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
@@ -42,8 +49,9 @@ func BenchmarkServe(b *testing.B) {
 		h["Content-Type"] = []string{"application/json"}
 		h["Content-Length"] = []string{fmt.Sprint(len(answer))}
 		io.WriteString(w, answer)
-	}), func(std *http.Server, _ *Server) {
+	}), func(std *http.Server, s *Server) {
 		std.BaseContext = func(net.Listener) context.Context { return base }
+		s.SendTimeout = sendTimeout
 	})
 	c := dial(b, addr)
 	c.SetDeadline(time.Time{})

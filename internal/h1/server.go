@@ -31,6 +31,18 @@ import (
 type Server struct {
 	std *http.Server
 
+	// SendTimeout bounds a write to a client that makes no progress: a
+	// client that stops reading an answer (an SSE stream, a large body)
+	// fails the write once it has taken nothing of it for SendTimeout (on
+	// the fast path; on the connections handed to net/http, HTTP/1 and
+	// h2c, for between SendTimeout and about twice it, see sendSlack); the
+	// request's context is then cancelled, with the write's error as its
+	// cause on the fast path, and the connection closed. It bounds the
+	// progress of each write, not an answer's length: a stream that the
+	// client reads lives as long as it likes (nginx's send_timeout, 60 s
+	// by default). Zero: no bound. Set it before Serve.
+	SendTimeout time.Duration
+
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
@@ -69,15 +81,25 @@ type FieldsHandler interface {
 }
 
 // Wrap returns a Server that serves with std's Handler and the limits of
-// std: ReadHeaderTimeout (from a request's first byte to the end of its
-// head), IdleTimeout (between requests: an idle connection is closed
-// between IdleTimeout and 9/8 of it after its last request, see
-// idleSlack), MaxHeaderBytes, BaseContext (whose end cancels the
-// requests' contexts) and ErrorLog (a handler's panic). std serves the
-// connections handed over; it must not be served or shut down by the
-// caller, only through the returned Server. ReadTimeout and WriteTimeout
-// must be zero (the fast path has none: its answers are SSE streams that
-// live for hours).
+// std: ReadHeaderTimeout (as net/http: from the connection's accept to the
+// end of its first head, and from a later request's first byte to the end
+// of its head, across a hand-over to net/http), IdleTimeout (between
+// requests: an idle connection is closed between IdleTimeout and 9/8 of it
+// after its last request, see idleSlack; and, without a
+// ReadHeaderTimeout, before the first request too, where net/http waits
+// for good), MaxHeaderBytes, BaseContext (whose end cancels the requests'
+// contexts) and ErrorLog (a handler's panic). Besides std's, the
+// returned Server's SendTimeout bounds a client that stops reading. std
+// serves the connections handed over; it must not be served or shut down
+// by the caller, only through the returned Server. ReadTimeout and
+// WriteTimeout must be zero (the fast path has none: its answers are SSE
+// streams that live for hours; SendTimeout is what bounds a write).
+//
+// As net/http's, a connection closed after an answer while its request's
+// body is still coming (a 413 sent before the body was read) is closed in
+// two steps: its write side at once, then, after a wait that lets the
+// client read the answer, the whole of it (see lingerTimeout), so that
+// the client gets the answer and not a reset.
 func Wrap(std *http.Server) *Server {
 	s := &Server{
 		std:       std,
@@ -336,18 +358,84 @@ func (l *handoffListener) give(c net.Conn) bool {
 	}
 }
 
-// replayConn is a connection handed over with the bytes already read from
-// it, which its first reads return.
-type replayConn struct {
+// handedConn is a connection handed over to net/http with the bytes
+// already read from it, which its first reads return. It keeps for
+// net/http what the fast path started: the header deadline of the head
+// being read, and the send bound of the connection's writes; and it lets
+// net/http close its write side (CloseWrite), for the lingering close
+// net/http makes after an early answer (closeWriteAndWait).
+type handedConn struct {
 	net.Conn
 	pending []byte
+	// headDeadline is the header deadline already running for the head
+	// whose start is in pending (from the accept for a connection's first
+	// request, from the first byte of a later one), zero if none: see
+	// SetReadDeadline.
+	headDeadline time.Time
+	send         sendBound
 }
 
-func (c *replayConn) Read(p []byte) (int, error) {
+func newHandedConn(rwc net.Conn, pending []byte, headDeadline time.Time, sendTimeout time.Duration) *handedConn {
+	c := &handedConn{Conn: rwc, pending: pending, headDeadline: headDeadline}
+	c.send.init(rwc, sendTimeout)
+	return c
+}
+
+func (c *handedConn) Read(p []byte) (int, error) {
 	if len(c.pending) > 0 {
 		n := copy(p, c.pending)
 		c.pending = c.pending[n:]
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// SetReadDeadline is net/http's; its first call is the header deadline
+// net/http gives a connection it has just accepted (conn.serve sets
+// ReadHeaderTimeout from now, before it reads the first head, or the h2c
+// preface). That head began before the hand-over, and its deadline runs
+// from then: the first call gets the deadline already running when that
+// one is sooner, so that a slow head gets ReadHeaderTimeout once, not
+// once in the fast path and again in net/http. net/http's later calls
+// (the next heads', a handler's) are its own. Only net/http's serving
+// goroutine makes the first call, before any other can.
+func (c *handedConn) SetReadDeadline(t time.Time) error {
+	if d := c.headDeadline; !d.IsZero() {
+		c.headDeadline = time.Time{}
+		if t.IsZero() || d.Before(t) {
+			t = d
+		}
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+// Write writes within the send bound.
+func (c *handedConn) Write(p []byte) (int, error) { return c.send.write(c.Conn, p) }
+
+// SetWriteDeadline bounds the writes as net/http asks (a handler's
+// http.ResponseController), within the send bound.
+func (c *handedConn) SetWriteDeadline(t time.Time) error { return c.send.setDeadline(t) }
+
+func (c *handedConn) SetDeadline(t time.Time) error {
+	rerr := c.SetReadDeadline(t)
+	if err := c.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return rerr
+}
+
+// CloseWrite closes the connection's write side, which net/http's
+// lingering close needs (it finds it by this method, as on a
+// *net.TCPConn): without it, a client still sending a body net/http did
+// not read gets a reset for the answer.
+func (c *handedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// closeWriter is a connection whose write side closes alone (TCP's).
+type closeWriter interface {
+	CloseWrite() error
 }

@@ -54,6 +54,11 @@ const (
 	// past it. The memory behind the streams is bounded by
 	// --max-inflight-body-bytes and --max-streams, not by this.
 	DefaultHTTP2MaxConcurrentStreams = 250
+	// DefaultClientSendTimeout (--client-send-timeout) bounds how long a
+	// client may take nothing of an answer being written to it: nginx's
+	// send_timeout. A client that stops reading a stream otherwise holds
+	// a goroutine, a backend connection and buffers until it leaves.
+	DefaultClientSendTimeout = 60 * time.Second
 	// h2MaxReadFrameSize is the largest frame a client may send: HTTP/2's
 	// initial value. The frame read buffer of a connection grows to the
 	// largest frame received and stays, so Go's 1 MiB default would let
@@ -147,6 +152,9 @@ type Config struct {
 	// HTTP2MaxConcurrentStreams bounds the concurrent requests of one h2c
 	// client connection; 0 is DefaultHTTP2MaxConcurrentStreams.
 	HTTP2MaxConcurrentStreams int
+	// ClientSendTimeout is h1.Server.SendTimeout for the client listener;
+	// 0 is DefaultClientSendTimeout.
+	ClientSendTimeout time.Duration
 	// BackendH2C speaks HTTP/2 with prior knowledge to the backends.
 	BackendH2C bool
 	// ShutdownGrace is how long in-flight requests and SSE streams may run
@@ -223,6 +231,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	cfg.Balancer = cmp.Or(cfg.Balancer, "p2c")
 	cfg.HTTP2MaxConcurrentStreams = cmp.Or(cfg.HTTP2MaxConcurrentStreams, DefaultHTTP2MaxConcurrentStreams)
+	cfg.ClientSendTimeout = cmp.Or(cfg.ClientSendTimeout, DefaultClientSendTimeout)
 	if cfg.Getenv == nil {
 		cfg.Getenv = func(string) string { return "" }
 	}
@@ -329,6 +338,7 @@ func New(cfg Config) (_ *Server, err error) {
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	s.front = h1.Wrap(s.client)
+	s.front.SendTimeout = cfg.ClientSendTimeout
 	s.admin = &http.Server{
 		Handler:           s.adminHandler(),
 		ReadHeaderTimeout: adminHeaderTimeout,
