@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test check unit conformance bench bench-full microbench bench-report bench-report-full fuzz build kube-env image
+.PHONY: demo test check unit conformance bench bench-full microbench bench-report bench-report-full fuzz build kube-env h2spec image
 
 demo:
 	$(GO) run ./cmd/tether demo
@@ -11,15 +11,23 @@ demo:
 # environment is built first (once, cached outside the repo), and tests that
 # need it fail instead of skipping (TETHER_REQUIRE_KUBE), so CI never passes
 # by skipping them; likewise the Redis Cluster tests and redis-cli
-# (TETHER_REQUIRE_REDIS_TOOLS).
+# (TETHER_REQUIRE_REDIS_TOOLS); likewise h2spec, the HTTP/2 conformance
+# suite run against the h2c client listener (TETHER_REQUIRE_H2SPEC,
+# e2e/h2spec_test.go).
 test: export TETHER_REQUIRE_KUBE = 1
 test: export TETHER_REQUIRE_REDIS_TOOLS = 1
-test: check kube-env unit conformance
+test: export TETHER_REQUIRE_H2SPEC = 1
+test: check kube-env h2spec unit conformance
 
 # etcd and kube-apiserver for the discovery end-to-end tests (DESIGN §7):
 # about 8 minutes the first time on 2 cores, then cached.
 kube-env:
 	GO=$(GO) bash hack/kube-env.sh
+
+# h2spec for e2e's TestH2Spec: built from the Go module proxy (about 2
+# minutes the first time on 2 cores), then cached.
+h2spec:
+	GO=$(GO) bash hack/h2spec.sh
 
 # bench/ is a module of its own (its load generator's dependencies stay out
 # of tether's go.mod): every Go step runs in both modules.
@@ -59,8 +67,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzScanMatchesEncodingJSON$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzClassifyModern$$' -fuzztime 60s ./internal/proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHead$$' -fuzztime 60s ./internal/h1/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadResponse$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadAnswer$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzAnswerStream$$' -fuzztime 60s ./internal/h1/
 	$(GO) test -run '^$$' -fuzz '^FuzzConn$$' -fuzztime 60s ./internal/h1/
+	$(GO) test -run '^$$' -fuzz '^FuzzConnDiff$$' -fuzztime 60s ./internal/h1/
 	$(GO) test -run '^$$' -fuzz '^FuzzWatchStream$$' -fuzztime 60s ./internal/discovery/
 
 # bin/tether has every command; bin/tether-sidecar is the image's binary

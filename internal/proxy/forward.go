@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 
@@ -565,6 +566,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	if err != nil {
 		resp.Body.Close()
+		if errors.Is(err, errClientWrite) && errors.Is(err, os.ErrDeadlineExceeded) {
+			p.metrics.LimitRejected(limitClientSend)
+		}
 		if !errors.Is(err, errClientWrite) && !errors.Is(err, r.Context().Err()) {
 			p.log.Debug("backend body read failed", "backend", x.ep.String(), "err", err)
 		}

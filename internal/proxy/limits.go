@@ -57,6 +57,10 @@ const (
 	limitStreams      = "streams"
 	limitBodyTimeout  = "body_timeout"
 	limitBodySize     = "body_size"
+	// limitClientSend is --client-send-timeout: a client that took
+	// nothing of an answer for that long (its write failed on the
+	// deadline h1.Server.SendTimeout sets).
+	limitClientSend = "client_send_timeout"
 )
 
 var (
