@@ -41,12 +41,46 @@ const maxGCPercent = 1000
 // A burst's end, for the collections that follow it (gcPacer.burstEnded):
 // collections whose live heap was more than burstLive arm the check, which
 // looks every burstPoll whether the goroutines have fallen to half the
-// most any of them saw, when that was burstGoroutines or more.
+// most any of them saw, when that was burstGoroutines or more. It then
+// collects up to burstCollections times, each only while worthCollecting.
 const (
-	burstLive       = 2 * gcHeadroom
-	burstGoroutines = 256
-	burstPoll       = 250 * time.Millisecond
+	burstLive        = 2 * gcHeadroom
+	burstGoroutines  = 256
+	burstPoll        = 250 * time.Millisecond
+	burstCollections = 2
 )
+
+// forcedGainShare: a collection the runtime would not run yet (after a
+// burst, or a memory release) must free at least 1/forcedGainShare of what
+// it marks: a collection costs CPU for every live byte (it marks the whole
+// live heap however little it frees), and what it frees lowers the heap's
+// goal (the RSS the load then keeps) by twice that at GOGC=100.
+//
+// Why a quarter: a collection that frees a quarter of the long-lived heap
+// lowers the goal a burst left by half the long-lived heap. With 100,000
+// sessions in the memory store (60 MB live between bursts) a collection
+// after a burst cost 90–420 ms of CPU on a busy 2-core machine. After
+// bursts of 32 KiB follow-ups (78–116 MB live at most) one is worth it:
+// without any, tether's RSS after the rounds read 262 MiB against
+// 102–126; but not two: the second of the old pair found 60–61 MB where
+// the first had found 63–67, for a whole mark. After bursts of small
+// follow-ups (68–81 MB) they are mostly worth none: tether's CPU per
+// follow-up read 0.73× and 0.76× the old pair's, a probe's p99 after a
+// burst 3.8 and 2.1 ms against 10.5 and 5.1, and its peak RSS the same
+// (hack/gcburst; docs/runtime.md). A sidecar's own 2 MiB live heap marks
+// in a millisecond and a burst leaves tens of MB on it: both collections
+// stay.
+const forcedGainShare = 4
+
+// worthCollecting reports whether a collection after a burst is worth its
+// cost: whether what it would free, the live heap the last collection
+// found (live) less the long-lived heap (longLived: the live heap of the
+// last collection outside a burst, about what this one would mark), is a
+// forcedGainShare part of longLived or more. An unknown longLived (0: no
+// collection outside a burst yet) is worth it: the collection tells.
+func worthCollecting(longLived, live uint64) bool {
+	return live-min(live, longLived) >= longLived/forcedGainShare
+}
 
 // startGCPacer keeps gcHeadroom above the live heap by setting GOGC after
 // each collection until ctx ends, then puts GOGC back to 100. It does
@@ -81,10 +115,15 @@ func startGCPacer(ctx context.Context, log *slog.Logger, getenv func(string) str
 // live heap is large. A live heap large without a burst (the memory
 // store's sessions, a few goroutines) arms the check and never meets it.
 //
-// Two collections, not one: what the burst's requests put back into
-// sync.Pools (buffers, request state) outlives one collection in the
-// pools' victim caches, and the first collection after an overload
-// found 28 MiB live with 11 goroutines left.
+// Two collections, not one, for a small heap: what the burst's requests
+// put back into sync.Pools (buffers, request state) outlives one
+// collection in the pools' victim caches, and the first collection after
+// an overload found 28 MiB live with 11 goroutines left. But each
+// collection marks the whole live heap: with a large one (100,000
+// sessions in the memory store, 60 MB and more) a collection costs far
+// more and frees a smaller share, so each is made only while
+// worthCollecting says the live heap holds enough of the burst's to pay
+// for it: one, or none, after a burst on such a heap (issue 29).
 type gcPacer struct {
 	live       func() uint64 // liveHeap
 	set        func(int) int // debug.SetGCPercent; tests record instead
@@ -95,10 +134,15 @@ type gcPacer struct {
 	mu      sync.Mutex
 	percent int // the GOGC set
 	stopped bool
-	// burst is the most goroutines seen at collections since the live
-	// heap went over burstLive, else 0; check polls for the burst's end.
-	burst int
-	check *time.Timer
+	// burst is the most goroutines seen at collections since one saw
+	// burstGoroutines or more with a live heap over burstLive, else 0;
+	// check polls for the burst's end. peak is the most live heap those
+	// collections found; longLived the live heap of the last collection
+	// outside a burst (the heap that outlives bursts: the sessions),
+	// 0 until one has run.
+	burst           int
+	peak, longLived uint64
+	check           *time.Timer
 }
 
 func (p *gcPacer) start(ctx context.Context) {
@@ -124,21 +168,26 @@ func (p *gcPacer) collected() {
 	live := p.live()
 	p.applyLocked(live)
 	if live <= burstLive {
-		p.burst = 0
+		p.burst, p.peak, p.longLived = 0, 0, live
+		return
+	}
+	g := p.goroutines()
+	if p.burst == 0 && g < burstGoroutines {
+		p.longLived = live
 		return
 	}
 	// The most, not the last: a collection in the burst's tail finds its
 	// garbage and pooled buffers live, with fewer goroutines.
-	p.burst = max(p.burst, p.goroutines())
-	if p.burst >= burstGoroutines {
-		p.check.Reset(burstPoll)
-	}
+	p.burst = max(p.burst, g)
+	p.peak = max(p.peak, live)
+	p.check.Reset(burstPoll)
 }
 
-// burstEnded collects twice when the goroutines have fallen to half what
-// the burst's collections saw, else looks again a burstPoll later. The
-// collections' own cleanups (collected) set the goal from what is live
-// after the burst, and arm the check again if that is still large.
+// burstEnded collects when the goroutines have fallen to half what the
+// burst's collections saw (up to burstCollections times, each while
+// worthCollecting), else looks again a burstPoll later. The collections'
+// own cleanups (collected) set the goal from what is live after the burst,
+// and take it as the long-lived heap.
 func (p *gcPacer) burstEnded() {
 	p.mu.Lock()
 	if p.stopped || p.burst < burstGoroutines {
@@ -151,14 +200,18 @@ func (p *gcPacer) burstEnded() {
 		p.mu.Unlock()
 		return
 	}
-	p.burst = 0
+	longLived, live := p.longLived, p.peak
+	p.burst, p.peak = 0, 0
 	p.mu.Unlock()
 	start := time.Now()
-	p.collect()
-	p.collect()
+	n := 0
+	for ; n < burstCollections && worthCollecting(longLived, live); n++ {
+		p.collect()
+		live = p.live()
+	}
 	if p.log != nil {
-		p.log.Debug("collected after a burst", "goroutines_at_burst", burst, "goroutines", now,
-			"live_heap", p.live(), "took", time.Since(start))
+		p.log.Debug("collected after a burst", "collections", n, "goroutines_at_burst", burst, "goroutines", now,
+			"long_lived_heap", longLived, "live_heap", live, "took", time.Since(start))
 	}
 }
 

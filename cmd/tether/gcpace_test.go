@@ -196,6 +196,77 @@ func TestGCPacerBurstEnd(t *testing.T) {
 	}
 }
 
+// A collection after a burst is made while what it would free (the live
+// heap less the long-lived one) is a quarter or more of what it marks (the
+// long-lived heap).
+func TestWorthCollecting(t *testing.T) {
+	const MB = 1 << 20
+	for _, tc := range []struct {
+		name            string
+		longLived, live uint64
+		want            bool
+	}{
+		{"a sidecar's heap after an overload", 2 * MB, 50 * MB, true},
+		{"its first collection found the pools' victims", 2 * MB, 28 * MB, true},
+		{"no collection outside a burst yet", 0, 64 * MB, true},
+		{"100,000 sessions, a burst's collection", 61 * MB, 100 * MB, true},
+		{"100,000 sessions, the pools' victims after one collection", 61 * MB, 64 * MB, false},
+		{"100,000 sessions, a burst that added a little", 61 * MB, 70 * MB, false},
+		{"a quarter exactly", 64 * MB, 80 * MB, true},
+		{"a byte short of a quarter", 64 * MB, 80*MB - 1, false},
+		{"less live than long-lived (sessions expired)", 61 * MB, 40 * MB, false},
+	} {
+		if got := worthCollecting(tc.longLived, tc.live); got != tc.want {
+			t.Errorf("%s: worthCollecting(%d MB, %d MB) = %v, want %v", tc.name, tc.longLived>>20, tc.live>>20, got, tc.want)
+		}
+	}
+}
+
+// A burst on a large long-lived heap (issue 29: 100,000 sessions in the
+// memory store) is followed by one collection when the burst left enough
+// on it, none when it left little, and never two: the second would free
+// the pools' victim caches, a few MB, for a mark of the whole heap. The
+// long-lived heap is what collections outside a burst found, the pacer's
+// own after a burst included. The runtime's part is played by the test.
+func TestGCPacerBurstEndLargeHeap(t *testing.T) {
+	const MB = 1 << 20
+	var live uint64
+	var goroutines, collections int
+	p := &gcPacer{percent: 100,
+		live:       func() uint64 { return live },
+		set:        func(int) int { return 0 },
+		goroutines: func() int { return goroutines },
+		// What the first collection after such a burst found.
+		collect: func() { collections++; live = 64 * MB },
+		check:   time.NewTimer(time.Hour),
+	}
+	p.check.Stop()
+	// spike runs a burst whose collections found peak live, and its end.
+	spike := func(peak uint64) {
+		goroutines, live = 10, 61*MB
+		p.collected() // between bursts: the sessions
+		goroutines, live = 1200, peak
+		p.collected() // in the burst
+		goroutines = 10
+		p.burstEnded()
+	}
+
+	spike(100 * MB)
+	if collections != 1 {
+		t.Fatalf("a burst that left 100 MB live on 61 MB of sessions: %d collections, want 1", collections)
+	}
+	p.collected() // that collection's own cleanup: few goroutines, 64 MB
+	if p.longLived != 64*MB {
+		t.Errorf("long-lived heap %d MB after the collection, want its 64", p.longLived>>20)
+	}
+
+	collections = 0
+	spike(70 * MB)
+	if collections != 0 {
+		t.Fatalf("a burst that left 70 MB live on 61 MB of sessions: %d collections, want none", collections)
+	}
+}
+
 // GOGC in the environment is the operator's: no pacer.
 func TestGCPacerLeavesGOGCSet(t *testing.T) {
 	if p := startGCPacer(context.Background(), slog.New(slog.DiscardHandler), func(k string) string {

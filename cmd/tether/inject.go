@@ -29,6 +29,7 @@ func injectFlags(fs *flag.FlagSet, c *inject.Config) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "tether's --shutdown-grace; the pod's terminationGracePeriodSeconds is raised to at least this + 20s (annotation "+inject.AnnotationShutdownGrace+")")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "tether's log level; default: info (annotation "+inject.AnnotationLogLevel+")")
 	fs.StringVar(&c.CPURequest, "cpu-request", c.CPURequest, "CPU request of the sidecar (annotation "+inject.AnnotationCPURequest+")")
+	fs.StringVar(&c.CPULimit, "cpu-limit", c.CPULimit, "CPU limit of the sidecar, and its GOMAXPROCS: the limit in whole CPUs, rounded up (annotation "+inject.AnnotationCPULimit+"; default: none, the runtime follows the node's CPUs)")
 	fs.StringVar(&c.MemoryRequest, "memory-request", c.MemoryRequest, "memory request of the sidecar (annotation "+inject.AnnotationMemoryRequest+")")
 	fs.BoolVar(&c.Legacy, "legacy-sidecar", c.Legacy, "a classic sidecar (last of the containers) instead of a native one, for Kubernetes < 1.29")
 	fs.DurationVar(&c.PreStopSleep, "prestop-sleep", c.PreStopSleep, "classic sidecar only: preStop sleep that keeps tether up while the proxy drains (sleep action: Kubernetes >= 1.30; 0 disables)")

@@ -73,6 +73,12 @@ func TestInjectCommand(t *testing.T) {
 		t.Errorf("env defaults:\n%s", out)
 	}
 
+	// --cpu-limit: the sidecar's limit, and its GOMAXPROCS.
+	_, out, _ = runInject(t, cliDeployment, nil, "--service=s", "--cpu-limit=1500m")
+	if !strings.Contains(out, "cpu: 1500m") || !strings.Contains(out, "- name: GOMAXPROCS\n          value: \"2\"") {
+		t.Errorf("--cpu-limit:\n%s", out)
+	}
+
 	// Errors: one line, nothing on stdout.
 	for _, tc := range []struct {
 		stdin string

@@ -115,7 +115,7 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	setMemoryLimit(log, getenv, "/")
-	setProcs(log, getenv)
+	logProcs(log, getenv)
 	startGCPacer(ctx, log, getenv)
 	s, err := newServer(cfg, log)
 	if err != nil {

@@ -22,8 +22,19 @@ const quietAllocation = 1 << 20
 
 // minMemoryRelease is the least the heap must hold past its goal for a
 // release to be worth a collection (releasable): less is left to the
-// runtime's background scavenger.
+// runtime's background scavenger. A large live heap needs more
+// (worthReleasing).
 const minMemoryRelease = 4 << 20
+
+// worthReleasing reports whether a release that gives back releasable
+// bytes is worth its collection, which marks a live heap of live bytes:
+// minMemoryRelease or more, and a forcedGainShare part of the live heap or
+// more (as the collections after a burst, worthCollecting). For a
+// sidecar's few MiB of live heap that is minMemoryRelease; with 100,000
+// sessions in the memory store (60 MB and more live), 15 MB.
+func worthReleasing(live, releasable uint64) bool {
+	return releasable >= max(minMemoryRelease, live/forcedGainShare)
+}
 
 // memoryReleaser gives memory back to the OS once the process has been
 // quiet for a while after a burst.
@@ -34,8 +45,10 @@ const minMemoryRelease = 4 << 20
 // a sidecar that served a thousand connections for a few seconds keeps
 // that RSS for minutes (hack/sessionmem -linger). nginx frees a burst's
 // buffers as its connections go idle. A collection with a full scavenge
-// (debug.FreeOSMemory) costs a few milliseconds of CPU; it runs once per
-// quiet spell, and only when it can give back minMemoryRelease or more.
+// (debug.FreeOSMemory) costs a few milliseconds of CPU for a sidecar's
+// live heap, and more for every MB of it (the memory store's sessions);
+// it runs once per quiet spell, and only when what it can give back is
+// worth that (worthReleasing).
 //
 // "Quiet" is read from the collector itself: every collection re-arms a
 // timer (a cleanup on a sentinel object that each collection frees), so
@@ -46,9 +59,11 @@ const minMemoryRelease = 4 << 20
 type memoryReleaser struct {
 	after time.Duration
 	log   *slog.Logger
-	// releasable, allocated and free are the runtime's (releasable,
-	// allocatedBytes, debug.FreeOSMemory); tests put their own.
+	// releasable, live, allocated and free are the runtime's
+	// (releasable, liveHeap, allocatedBytes, debug.FreeOSMemory); tests
+	// put their own.
 	releasable func() uint64
+	live       func() uint64
 	allocated  func() uint64
 	free       func()
 
@@ -67,7 +82,7 @@ func startMemoryReleaser(ctx context.Context, log *slog.Logger, after time.Durat
 	if after <= 0 {
 		return nil
 	}
-	m := &memoryReleaser{after: after, log: log, releasable: releasable, allocated: allocatedBytes, free: debug.FreeOSMemory}
+	m := &memoryReleaser{after: after, log: log, releasable: releasable, live: liveHeap, allocated: allocatedBytes, free: debug.FreeOSMemory}
 	m.start(ctx)
 	return m
 }
@@ -125,7 +140,7 @@ func (m *memoryReleaser) release() {
 		m.mu.Unlock()
 		return
 	}
-	if m.releasable() < minMemoryRelease {
+	if !worthReleasing(m.live(), m.releasable()) {
 		m.mu.Unlock()
 		return
 	}

@@ -14,13 +14,15 @@ import (
 // releasable figure of the test's (the runtime's scavenger would otherwise
 // move it under the test): a collection arms it, a quiet spell after one
 // releases when there is enough to give back, the release's own collection
-// arms nothing, a process allocating again is not interrupted, and
-// nothing is released once its context has ended.
+// arms nothing, a process allocating again is not interrupted, a release
+// too small for the live heap it would mark is not made, and nothing is
+// released once its context has ended.
 func TestMemoryReleaser(t *testing.T) {
 	const after = 20 * time.Millisecond
-	var give, allocs atomic.Uint64
+	var give, live, allocs atomic.Uint64
 	m := &memoryReleaser{after: after, log: slog.New(slog.DiscardHandler),
 		releasable: give.Load,
+		live:       live.Load,
 		allocated:  allocs.Load,
 		free:       runtime.GC, // a collection of its own, as debug.FreeOSMemory's
 	}
@@ -73,9 +75,41 @@ func TestMemoryReleaser(t *testing.T) {
 	}
 	waitReleases(3)
 
+	// 100,000 sessions in the memory store (issue 29): 16 MB to give back
+	// is worth a collection of a 64 MB live heap, 15 MB is not.
+	live.Store(64 << 20)
+	give.Store(15 << 20)
+	runtime.GC()
+	stays(3, "15 MB to give back on a 64 MB live heap")
+	give.Store(16 << 20)
+	runtime.GC()
+	waitReleases(4)
+
 	cancel()
 	runtime.GC()
-	stays(3, "after the context ended")
+	stays(4, "after the context ended")
+}
+
+// A release is made when it gives back minMemoryRelease or more, and a
+// quarter or more of the live heap its collection marks.
+func TestWorthReleasing(t *testing.T) {
+	const MB = 1 << 20
+	for _, tc := range []struct {
+		live, releasable uint64
+		want             bool
+	}{
+		{2 * MB, minMemoryRelease, true},
+		{2 * MB, minMemoryRelease - 1, false},
+		{16 * MB, 4 * MB, true},
+		{61 * MB, 15 * MB, false},
+		{61 * MB, 16 * MB, true},
+		{64 * MB, 16*MB - 1, false},
+		{400 * MB, 100 * MB, true},
+	} {
+		if got := worthReleasing(tc.live, tc.releasable); got != tc.want {
+			t.Errorf("worthReleasing(live %d, releasable %d) = %v, want %v", tc.live, tc.releasable, got, tc.want)
+		}
+	}
 }
 
 // releasable counts what a burst left past twice the heap's working set,

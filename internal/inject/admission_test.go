@@ -146,6 +146,8 @@ func TestReviewDenied(t *testing.T) {
 		"no service":         {annotationInject: "true"},
 		"unknown annotation": {annotationInject: "true", AnnotationService: "s", "tether.dev/balance": "p2c"},
 		"bad balancer":       {annotationInject: "true", AnnotationService: "s", AnnotationBalancer: "fastest"},
+		"bad cpu limit":      {annotationInject: "true", AnnotationService: "s", AnnotationCPULimit: "two"},
+		"zero cpu limit":     {annotationInject: "true", AnnotationService: "s", AnnotationCPULimit: "0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			review, d, err := inj.review(reviewFor(t, admissionv1.Create, podGVK, testPod(ann)))
@@ -254,5 +256,60 @@ func TestReviewSkipsUnannotatedPodCheaply(t *testing.T) {
 	}
 	if allocated := after.TotalAlloc - before.TotalAlloc; allocated > 4*uint64(len(body)) {
 		t.Errorf("%d MB allocated to skip a %d MB review", allocated>>20, len(body)>>20)
+	}
+}
+
+// tether.dev/cpu-limit reaches the Pod the API server creates: the
+// sidecar's CPU limit, and GOMAXPROCS from it; a limit the API server
+// would refuse is denied with the annotation's name.
+func TestReviewCPULimit(t *testing.T) {
+	inj := Injector{Defaults: testConfig()}
+	pod := testPod(map[string]string{annotationInject: "true", AnnotationService: "mcp-fetch", AnnotationCPULimit: "500m"})
+	review, _, err := inj.review(reviewFor(t, admissionv1.Create, podGVK, pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !review.Response.Allowed {
+		t.Fatalf("denied: %+v", review.Response.Result)
+	}
+	raw, _ := json.Marshal(pod)
+	patch, err := jsonpatch.DecodePatch(review.Response.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got corev1.Pod
+	if err := json.Unmarshal(patched, &got); err != nil {
+		t.Fatal(err)
+	}
+	tc := got.Spec.InitContainers[0]
+	if tc.Name != ContainerName {
+		t.Fatalf("first init container %q", tc.Name)
+	}
+	var procs []string
+	for _, e := range tc.Env {
+		if e.Name == "GOMAXPROCS" {
+			procs = append(procs, e.Value)
+		}
+	}
+	if len(procs) != 1 || procs[0] != "1" {
+		t.Errorf("GOMAXPROCS %q, want [1] for a limit of 500m", procs)
+	}
+	if q := tc.Resources.Limits.Cpu(); q.String() != "500m" {
+		t.Errorf("CPU limit %s, want 500m", q)
+	}
+
+	// Below the sidecar's CPU request (50m): the API server would refuse
+	// the Pod; the webhook says why, naming the setting.
+	pod = testPod(map[string]string{annotationInject: "true", AnnotationService: "mcp-fetch", AnnotationCPULimit: "20m"})
+	review, _, err = inj.review(reviewFor(t, admissionv1.Create, podGVK, pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := review.Response; r.Allowed || r.Result == nil || !strings.Contains(r.Result.Message, "cpu-limit") {
+		t.Fatalf("a limit below the request: allowed %v, result %+v", r.Allowed, r.Result)
 	}
 }

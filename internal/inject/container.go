@@ -3,6 +3,7 @@ package inject
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	yaml2 "go.yaml.in/yaml/v2"
@@ -52,6 +53,12 @@ func (c Config) Container() corev1.Container {
 		})
 	}
 
+	if c.CPULimit != "" {
+		// The runtime would read the limit itself, but round it up to 2
+		// at least (gomaxprocsFor).
+		env = append(env, corev1.EnvVar{Name: "GOMAXPROCS", Value: strconv.FormatInt(gomaxprocsFor(c.CPULimit), 10)})
+	}
+
 	requests := corev1.ResourceList{}
 	if c.CPURequest != "" {
 		requests[corev1.ResourceCPU] = resource.MustParse(c.CPURequest)
@@ -96,6 +103,9 @@ func (c Config) Container() corev1.Container {
 	}
 	if len(requests) > 0 {
 		ctr.Resources.Requests = requests
+	}
+	if c.CPULimit != "" {
+		ctr.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(c.CPULimit)}
 	}
 	if c.Legacy {
 		// A classic sidecar gets SIGTERM together with the proxy; the sleep

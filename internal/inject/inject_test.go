@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -55,9 +56,11 @@ var goldenCases = []struct {
 	{name: "redis-flag", input: "daemonset", flags: func(c *Config) {
 		c.Service, c.RedisURLSecret, c.Port, c.ShutdownGrace = "tools/mcp", "redis-creds", "8080", 40*time.Second
 	}, want: []string{"daemonset/node-proxy injected"}},
+	{name: "cpu-limit", want: []string{"deployment/busy-proxy injected"}},
 	// Errors.
 	{name: "unknown-kind", flags: withService},
 	{name: "bad-annotation"},
+	{name: "bad-cpu-limit"},
 	{name: "not-an-object"},
 	{name: "no-service", input: "daemonset"},
 	{name: "job-legacy", input: "job", flags: func(c *Config) { withService(c); c.Legacy = true }},
@@ -296,6 +299,10 @@ func TestConfigWith(t *testing.T) {
 		{Image: "i", Service: "s", SessionTTL: "-1s"},
 		{Image: "i", Service: "s", LogLevel: "loud"},
 		{Image: "i", Service: "s", CPURequest: "lots"},
+		{Image: "i", Service: "s", CPULimit: "lots"},
+		{Image: "i", Service: "s", CPULimit: "0"},
+		{Image: "i", Service: "s", CPULimit: "-1"},
+		{Image: "i", Service: "s", CPURequest: "1", CPULimit: "500m"},
 		{Service: "s"},
 	} {
 		if err := bad.Validate(); err == nil {
@@ -308,6 +315,46 @@ func TestConfigWith(t *testing.T) {
 	for d, want := range map[time.Duration]string{25 * time.Second: "25s", 90 * time.Second: "1m30s", time.Hour: "1h", 2 * time.Minute: "2m", 1500 * time.Millisecond: "1.5s"} {
 		if got := formatDuration(d); got != want {
 			t.Errorf("formatDuration(%s) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// A CPU limit sets the container's limit and its GOMAXPROCS, the limit in
+// whole CPUs rounded up (Linkerd's ToWholeCPUCores): 1 for a core or
+// less, where the Go runtime's own default under a limit is 2 at least.
+func TestCPULimit(t *testing.T) {
+	for limit, want := range map[string]string{"1m": "1", "500m": "1", "1": "1", "1000m": "1", "1001m": "2", "1.5": "2", "4": "4"} {
+		c := testConfig()
+		c.Service, c.CPULimit, c.CPURequest = "s", limit, "1m"
+		if err := c.Validate(); err != nil {
+			t.Errorf("cpu-limit %s: %v", limit, err)
+			continue
+		}
+		ctr := c.Container()
+		var got []string
+		for _, e := range ctr.Env {
+			if e.Name == "GOMAXPROCS" {
+				got = append(got, e.Value)
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("cpu-limit %s: GOMAXPROCS %q, want [%s]", limit, got, want)
+		}
+		if q := ctr.Resources.Limits.Cpu(); q.Cmp(resource.MustParse(limit)) != 0 || len(ctr.Resources.Limits) != 1 {
+			t.Errorf("cpu-limit %s: limits %v", limit, ctr.Resources.Limits)
+		}
+	}
+
+	// None: no limit, and GOMAXPROCS is the runtime's to choose.
+	c := testConfig()
+	c.Service = "s"
+	ctr := c.Container()
+	if ctr.Resources.Limits != nil {
+		t.Errorf("no cpu-limit: limits %v", ctr.Resources.Limits)
+	}
+	for _, e := range ctr.Env {
+		if e.Name == "GOMAXPROCS" {
+			t.Errorf("no cpu-limit: GOMAXPROCS %q set", e.Value)
 		}
 	}
 }
