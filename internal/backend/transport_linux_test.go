@@ -362,6 +362,41 @@ func waitUnread(c *net.TCPConn) bool {
 	return false
 }
 
+// waitH2Headers waits until c's socket holds, received and unread, an
+// HTTP/2 client's connection preface and frames through a whole HEADERS
+// frame: a request's stream has reached the server, which has read none of
+// it. It peeks (MSG_PEEK) and consumes nothing.
+func waitH2Headers(c *net.TCPConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	const prefaceLen = 24
+	buf := make([]byte, 64<<10)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		n := 0
+		raw.Control(func(fd uintptr) {
+			m, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
+				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			if errno == 0 {
+				n = int(m)
+			}
+		})
+		for off := prefaceLen; off+9 <= n; {
+			size := int(buf[off])<<16 | int(buf[off+1])<<8 | int(buf[off+2])
+			end := off + 9 + size
+			if end > n {
+				break
+			}
+			if buf[off+3] == 0x1 { // HEADERS
+				return true
+			}
+			off = end
+		}
+	}
+	return false
+}
+
 // At most once (retry.go): a request written in full into a pooled
 // connection is not sent again after the backend resets or closes that
 // connection, whether it read the request or not, unless the request is
@@ -543,7 +578,7 @@ func BenchmarkStaleCheck(b *testing.B) {
 
 // resetFirstListener resets the first connection it accepts: at once
 // (mode resetAtOnce, before the client wrote anything the server read),
-// once the client's bytes have reached it unread (resetUnread: as a server
+// once a request's HEADERS have reached it unread (resetUnread: as a server
 // shutting down closes a connection it has just accepted, or a closed
 // listener resets those still in its accept queue), or after sending its
 // connection preface (an empty SETTINGS frame) and reading a request's
@@ -584,7 +619,7 @@ func (l *resetFirstListener) Accept() (net.Conn, error) {
 			tc.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0}) // SETTINGS, no parameters
 			readToHeaders(tc)
 		case resetUnread:
-			waitUnread(tc)
+			waitH2Headers(tc)
 		}
 		tc.SetLinger(0) // a reset, whatever was read
 		tc.Close()
