@@ -7,11 +7,9 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/tether-mcp/tether/internal/backend"
 )
@@ -29,54 +27,25 @@ func TestResendAfterPartialWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	var accepted, partial, full atomic.Int32
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
+	var partial, full atomic.Int32
+	serveRaw(t, ln, func(c net.Conn, n int32) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
+		if n == 1 {
+			// Part of the body, then a reset with the rest in flight.
+			io.CopyN(io.Discard, req.Body, 16<<10)
+			partial.Add(1)
+			c.(*net.TCPConn).SetLinger(0)
+			return
+		}
+		if _, err := io.Copy(io.Discard, req.Body); err != nil {
+			return
+		}
+		full.Add(1)
+		io.WriteString(c, okAnswer)
 	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			n := accepted.Add(1)
-			wg.Go(func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				if n == 1 {
-					// Part of the body, then a reset with the rest in
-					// flight.
-					io.CopyN(io.Discard, req.Body, 16<<10)
-					partial.Add(1)
-					c.(*net.TCPConn).SetLinger(0)
-					return
-				}
-				if _, err := io.Copy(io.Discard, req.Body); err != nil {
-					return
-				}
-				full.Add(1)
-				io.WriteString(c, okAnswer)
-			})
-		}
-	}()
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
 			return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4096) })

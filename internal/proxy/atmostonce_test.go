@@ -38,6 +38,29 @@ func rawAnswerBackend(t *testing.T, answer func(c net.Conn, n int32) bool) (addr
 		t.Fatal(err)
 	}
 	runs = new(atomic.Int32)
+	serveRaw(t, ln, func(c net.Conn, _ int32) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			if _, err := io.Copy(io.Discard, req.Body); err != nil {
+				return
+			}
+			if !answer(c, runs.Add(1)) {
+				return
+			}
+		}
+	})
+	return ln.Addr().String(), runs
+}
+
+// serveRaw accepts connections on ln and gives each, with its number (1
+// for the first), to serve on a goroutine of its own; the connection is
+// closed when serve returns. At the test's end ln and every connection are
+// closed, and the goroutines waited for.
+func serveRaw(t *testing.T, ln net.Listener, serve func(c net.Conn, n int32)) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -50,6 +73,7 @@ func rawAnswerBackend(t *testing.T, answer func(c net.Conn, n int32) bool) (addr
 		mu.Unlock()
 		wg.Wait()
 	})
+	var accepted int32
 	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -59,26 +83,15 @@ func rawAnswerBackend(t *testing.T, answer func(c net.Conn, n int32) bool) (addr
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			accepted++
+			n := accepted
 			wg.Go(func() {
 				defer c.Close()
 				c.SetDeadline(time.Now().Add(30 * time.Second))
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if _, err := io.Copy(io.Discard, req.Body); err != nil {
-						return
-					}
-					if !answer(c, runs.Add(1)) {
-						return
-					}
-				}
+				serve(c, n)
 			})
 		}
 	})
-	return ln.Addr().String(), runs
 }
 
 const okAnswer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 36\r\n\r\n" + `{"jsonrpc":"2.0","id":1,"result":{}}`
