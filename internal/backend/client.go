@@ -97,13 +97,11 @@ type clientConn struct {
 	probed bool
 	reused bool
 	// unanswered is set when a request is written and cleared by the
-	// first byte read after it; size counts the bytes of the current
-	// request given to the connection, written those that reached the
-	// socket: a request whose written falls short of its size broke before
-	// the backend had all of it (see sentInFull).
+	// first byte read after it; written counts the bytes of the current
+	// request that reached the socket (a write that fails short of the
+	// request's end is a notSentError, see writeFailed).
 	unanswered bool
 	written    int64
-	size       int64
 	// readLimit is what may still be read of the socket: the rest of
 	// maxResponseHeadBytes while a head is read, unbounded otherwise.
 	readLimit int64
@@ -170,7 +168,6 @@ func (pc *clientConn) Read(p []byte) (int, error) {
 // Write counts the bytes of the request that reached the socket. Under
 // holdWrite, it keeps p for the answer's first read to write instead.
 func (pc *clientConn) Write(p []byte) (int, error) {
-	pc.size += int64(len(p))
 	if pc.holdWrite {
 		pc.pending = p
 		return len(p), nil
@@ -330,7 +327,7 @@ func (c *Client) roundTrip(ctx context.Context, addr string, r request) (*h1.Ans
 	// the context of a request h1 serves.
 	pc.aborted.Store(false)
 	pc.stop = h1.AfterCancel(ctx, pc.abortFunc)
-	pc.written, pc.size, pc.unanswered = 0, 0, true
+	pc.written, pc.unanswered = 0, true
 	req := r.http()
 	bw := backendWriters.Get().(*bufio.Writer)
 	bw.Reset(pc)
