@@ -109,7 +109,7 @@ func startGCPacer(ctx context.Context, log *slog.Logger, getenv func(string) str
 // scavenger is giving back meanwhile, faulted in again) instead of the
 // few MiB a steady load cycles through: after an overload, tetherbench
 // cpu measured 0.867× the CPU per follow-up of the build without this
-// check, by round (README, "Memory and CPU"). A burst's requests and
+// check, by round (docs/runtime.md, "Memory and CPU"). A burst's requests and
 // connections are goroutines, so
 // their number says when it is over, for the price of a timer while the
 // live heap is large. A live heap large without a burst (the memory

@@ -285,7 +285,7 @@ func (c Config) validateCPULimit() error {
 // 1, where the Go runtime's own default under a limit is never below 2:
 // a sidecar given at most a core is one proxy's traffic, and one thread
 // ran it for 0.178–0.187 s of CPU per 1,000 follow-ups against
-// 0.204–0.213 s with 2 (README, "Memory and CPU"). limit is valid and
+// 0.204–0.213 s with 2 (docs/runtime.md, "Memory and CPU"). limit is valid and
 // above zero.
 func gomaxprocsFor(limit string) int64 {
 	q := resource.MustParse(limit)
