@@ -23,10 +23,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -69,7 +66,7 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	go http.Serve(ln, http.HandlerFunc(minimalBackend))
+	go http.Serve(ln, http.HandlerFunc(tetherproc.MinimalBackend))
 	backend := "http://" + ln.Addr().String()
 
 	var targets []*target
@@ -242,7 +239,7 @@ func summary(rs []roundStats) string {
 func (t *target) round(ctx context.Context, conns int, burst, quiet time.Duration, rate float64, pad string) roundStats {
 	var s roundStats
 	begin := time.Now()
-	cpu0 := cpuSeconds(t.cmd.Process.Pid)
+	cpu0 := tetherproc.CPUSeconds(t.cmd.Process.Pid)
 	alloc0 := tetherproc.Scrape(t.admin)["go_memstats_alloc_bytes_total"]
 
 	// The probe: open loop, on sessions the burst does not use.
@@ -326,7 +323,7 @@ func (t *target) round(ctx context.Context, conns int, burst, quiet time.Duratio
 	}
 	stopProbe()
 	probes.Wait()
-	s.cpu = cpuSeconds(t.cmd.Process.Pid) - cpu0
+	s.cpu = tetherproc.CPUSeconds(t.cmd.Process.Pid) - cpu0
 	s.allocatedMB = (tetherproc.Scrape(t.admin)["go_memstats_alloc_bytes_total"] - alloc0) / (1 << 20)
 	s.gcs = t.gcs.since(begin)
 	return s
@@ -440,35 +437,6 @@ func (t *target) memory() string {
 	m := tetherproc.Scrape(t.admin)
 	return fmt.Sprintf("RSS %.1f MiB (peak %.1f), heap in use %.1f MiB, sessions %.0f",
 		kib["VmRSS:"]/1024, kib["VmHWM:"]/1024, m["go_memstats_heap_inuse_bytes"]/(1<<20), m["tether_session_records"])
-}
-
-// minimalBackend answers initialize with a new session and anything else
-// with an empty result (hack/sessionmem's).
-func minimalBackend(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	w.Header().Set("Content-Type", "application/json")
-	if bytes.Contains(body, []byte(`"initialize"`)) {
-		id := make([]byte, 16)
-		rand.Read(id)
-		w.Header().Set("Mcp-Session-Id", hex.EncodeToString(id))
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"minimal","version":"1"}}}`)
-		return
-	}
-	if r.Header.Get("Mcp-Session-Id") == "" || bytes.Contains(body, []byte(`"notifications/`)) {
-		w.WriteHeader(http.StatusAccepted)
-		return
-	}
-	io.WriteString(w, `{"jsonrpc":"2.0","id":2,"result":{}}`)
-}
-
-// cpuSeconds is the process's user + system CPU time (/proc/PID/stat).
-func cpuSeconds(pid int) float64 {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
 }
 
 // pct is the q quantile of d (0 for none).

@@ -16,13 +16,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -67,7 +63,7 @@ func main() {
 		if err != nil {
 			panic(err)
 		}
-		go http.Serve(ln, http.HandlerFunc(minimalBackend))
+		go http.Serve(ln, http.HandlerFunc(tetherproc.MinimalBackend))
 		backendURL = "http://" + ln.Addr().String()
 	}
 
@@ -94,7 +90,7 @@ func main() {
 	fmt.Printf("idle:  %s\n", measure(pid, proc.Admin))
 
 	start := time.Now()
-	cpu0 := cpuSeconds(pid)
+	cpu0 := tetherproc.CPUSeconds(pid)
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	switch {
@@ -130,7 +126,7 @@ func main() {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := cpuSeconds(pid) - cpu0
+	cpu := tetherproc.CPUSeconds(pid) - cpu0
 	n := max(*followups, *sessions)
 	fmt.Printf("after: %s\n", measure(pid, proc.Admin))
 	fmt.Printf("%d requests (%d failed) in %.1fs; tether CPU %.2fs (%.3fs per 1,000)\n",
@@ -144,25 +140,6 @@ func main() {
 		time.Sleep(*linger)
 		fmt.Printf("after %v more with them closed: %s\n", *linger, measure(pid, proc.Admin))
 	}
-}
-
-// minimalBackend answers initialize with a new session and anything else
-// with an empty result.
-func minimalBackend(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	w.Header().Set("Content-Type", "application/json")
-	if bytes.Contains(body, []byte(`"initialize"`)) {
-		id := make([]byte, 16)
-		rand.Read(id)
-		w.Header().Set("Mcp-Session-Id", hex.EncodeToString(id))
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"minimal","version":"1"}}}`)
-		return
-	}
-	if r.Header.Get("Mcp-Session-Id") == "" || bytes.Contains(body, []byte(`"notifications/`)) {
-		w.WriteHeader(http.StatusAccepted)
-		return
-	}
-	io.WriteString(w, `{"jsonrpc":"2.0","id":2,"result":{}}`)
 }
 
 func initialize(ctx context.Context, c *http.Client, url string) (string, error) {
@@ -193,14 +170,4 @@ func measure(pid int, admin string) string {
 		kib["VmRSS"]/1024, kib["RssAnon"]/1024, kib["RssFile"]/1024, kib["VmHWM"]/1024,
 		m["go_memstats_heap_inuse_bytes"]/(1<<20), m["go_memstats_stack_inuse_bytes"]/(1<<20), m["go_memstats_sys_bytes"]/(1<<20), m["go_goroutines"],
 		m["tether_session_records"], m["tether_session_init_bytes"], m["go_gc_duration_seconds_count"])
-}
-
-// cpuSeconds is the process's user + system CPU time (/proc/PID/stat).
-func cpuSeconds(pid int) float64 {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
 }

@@ -1,7 +1,10 @@
 package tetherproc
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,4 +55,24 @@ func Scrape(admin string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// MinimalBackend answers initialize with a new session and anything else
+// with an empty result: an MCP backend that costs next to nothing, so
+// that what is measured is tether.
+func MinimalBackend(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	if bytes.Contains(body, []byte(`"initialize"`)) {
+		id := make([]byte, 16)
+		rand.Read(id)
+		w.Header().Set("Mcp-Session-Id", hex.EncodeToString(id))
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"minimal","version":"1"}}}`)
+		return
+	}
+	if r.Header.Get("Mcp-Session-Id") == "" || bytes.Contains(body, []byte(`"notifications/`)) {
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	io.WriteString(w, `{"jsonrpc":"2.0","id":2,"result":{}}`)
 }

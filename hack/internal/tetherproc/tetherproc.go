@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -54,4 +56,14 @@ func FreeAddr() string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// CPUSeconds is a process's user + system CPU time (/proc/PID/stat).
+func CPUSeconds(pid int) float64 {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ
 }
