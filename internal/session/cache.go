@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -61,7 +62,8 @@ type Cache struct {
 	log      *slog.Logger
 
 	degraded   atomic.Bool
-	transition sync.Mutex // orders degraded transitions with their callbacks
+	degradedBy atomic.Pointer[error] // the failure that last degraded it (wraps ErrUnavailable)
+	transition sync.Mutex            // orders degraded transitions with their callbacks
 	onDegraded func(bool)
 	onChange   func(Change)
 	// staleBefore: entries loaded before this Unix ns are re-read on use
@@ -106,7 +108,10 @@ type Cache struct {
 	closeErr  error
 }
 
-var _ Store = (*Cache)(nil)
+var (
+	_ Store         = (*Cache)(nil)
+	_ BackendLister = (*Cache)(nil)
+)
 
 // cacheEntry is a table entry of the cache. rec and loadedAt never change:
 // a re-read inserts a new entry.
@@ -123,9 +128,9 @@ type CacheOptions struct {
 	// Size bounds the entries kept (see MaxSessions in cmd/tether); default
 	// DefaultMaxSessions.
 	Size int
-	// MaxInitBytes bounds the bytes of the distinct initialize bodies
-	// cached, and separately those of the records kept during an outage;
-	// default DefaultMaxInitBytes.
+	// MaxInitBytes bounds the bytes of the distinct initialize bodies (and
+	// Hosts and Paths) cached, and separately those of the records kept
+	// during an outage; default DefaultMaxInitBytes.
 	MaxInitBytes int64
 	TTL          time.Duration // the sessions' idle TTL (the shared store's), default 1h
 	MaxStale     time.Duration // re-read an entry older than this, default TTL/10
@@ -227,7 +232,8 @@ func NewCache(opts CacheOptions) *Cache {
 	c.tab = newTable(size, c.maxPendingBytes,
 		func(e *cacheEntry, now int64) bool { return now-e.lastUsed.Load() >= c.ttl.Nanoseconds() },
 		func(e *cacheEntry) string { return e.rec.ClientSID },
-		func(e *cacheEntry) []byte { return e.rec.Init })
+		func(e *cacheEntry) []byte { return e.rec.Init },
+		func(e *cacheEntry) (string, string) { return e.rec.Host, e.rec.Path })
 	c.names.m = make(map[string]string)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
@@ -247,16 +253,19 @@ func NewCache(opts CacheOptions) *Cache {
 }
 
 // put caches rec as read from or written to Redis at now and returns the
-// entry. Its Init is replaced by the interned copy (rec is cloned for that
-// if needed: callers may share rec). A record whose body alone exceeds the
-// byte bound is not cached; the returned entry is then not in the table.
+// entry. Its Init, Host and Path are replaced by the interned copies (rec
+// is cloned for that if needed: callers may share rec). A record whose
+// body, Host and Path alone exceed the byte bound is not cached; the
+// returned entry is then not in the table.
 func (c *Cache) put(rec *Record, now time.Time) *cacheEntry {
 	n := new(node[cacheEntry])
-	keep := int64(len(rec.Init)) <= c.tab.maxBytes
+	keep := recordBytes(rec) <= c.tab.maxBytes
 	if keep {
-		if data := c.tab.bodies.acquire(rec.Init); !sameBytes(rec.Init, data) {
+		init := c.tab.bodies.acquire(rec.Init)
+		host, path := c.tab.addrs.acquireString(rec.Host), c.tab.addrs.acquireString(rec.Path)
+		if !sameBytes(rec.Init, init) || !sameString(rec.Host, host) || !sameString(rec.Path, path) {
 			rec = rec.Clone()
-			rec.Init = data
+			rec.Init, rec.Host, rec.Path = init, host, path
 		}
 	}
 	e := &n.val
@@ -484,7 +493,10 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 	if r.ClientSID == "" {
 		return errors.New("session: empty ClientSID")
 	}
-	if int64(len(r.Init)) > c.tab.maxBytes {
+	if err := checkAddress(r); err != nil {
+		return err
+	}
+	if recordBytes(r) > c.tab.maxBytes {
 		return errInitTooLarge
 	}
 	now := c.now()
@@ -497,6 +509,7 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 		stored.BackendSID = stored.ClientSID
 	}
 	stored.Init = c.tab.bodies.shared(r.Init) // the caller may reuse its buffer
+	stored.Host, stored.Path = c.tab.addrs.sharedString(r.Host), c.tab.addrs.sharedString(r.Path)
 	stored.Version = 1
 	stored.LastUsed = now.Truncate(time.Millisecond).UTC()
 	if stored.Created.IsZero() {
@@ -525,6 +538,9 @@ func (c *Cache) Create(ctx context.Context, r *Record) error {
 // Swap is the compare-and-swap in Redis; it needs Redis (a re-initialization
 // decided by one replica alone could split a session across two backends).
 func (c *Cache) Swap(ctx context.Context, old, next *Record) (*Record, error) {
+	if err := checkAddress(next); err != nil {
+		return nil, err // the caller's mistake: the cached copy stays right
+	}
 	if c.degraded.Load() {
 		return nil, ErrUnavailable
 	}
@@ -669,15 +685,15 @@ func (c *Cache) delete(ctx context.Context, clientSID string) (*Record, error) {
 }
 
 // addPending keeps r for writing to Redis later, within MaxPending records
-// and MaxInitBytes of their bodies (counted without sharing: pending
+// and MaxInitBytes of their bodies, Hosts and Paths (counted without sharing: pending
 // records are few, and the bound must hold however many the cache evicts).
 func (c *Cache) addPending(r *Record) {
 	c.pendMu.Lock()
 	defer c.pendMu.Unlock()
 	prev, ok := c.pending[r.ClientSID]
-	size := int64(len(r.Init))
+	size := recordBytes(r)
 	if ok {
-		size -= int64(len(prev.Init))
+		size -= recordBytes(prev)
 	}
 	if (!ok && len(c.pending) >= c.maxPending) || c.pendingBytes+size > c.maxPendingBytes {
 		c.unwritten.Add(1)
@@ -699,7 +715,7 @@ func (c *Cache) takePending(sid string) *Record {
 	r := c.pending[sid]
 	if r != nil {
 		delete(c.pending, sid)
-		c.pendingBytes -= int64(len(r.Init))
+		c.pendingBytes -= recordBytes(r)
 	}
 	return r
 }
@@ -710,7 +726,7 @@ func (c *Cache) dropPending(r *Record) {
 	defer c.pendMu.Unlock()
 	if c.pending[r.ClientSID] == r {
 		delete(c.pending, r.ClientSID)
-		c.pendingBytes -= int64(len(r.Init))
+		c.pendingBytes -= recordBytes(r)
 	}
 }
 
@@ -746,6 +762,7 @@ func (c *Cache) markDegraded(err error) {
 	c.transition.Lock()
 	defer c.transition.Unlock()
 	if c.degraded.CompareAndSwap(false, true) {
+		c.degradedBy.Store(&err)
 		c.log.Warn("session store degraded: Redis unreachable; serving cached sessions, keeping new ones locally", "err", err)
 		c.onDegraded(true)
 	}
@@ -1164,6 +1181,32 @@ func (c *Cache) Stats() CacheStats {
 		WritingBack: c.writingBack.Load() || len(c.writeBack) > 0, Collisions: c.collisions.Load(),
 		FlushedAtClose: c.flushedAtClose.Load(), UnflushedAtClose: c.unflushed.Load(),
 	}
+}
+
+// SessionsOn is the shared store's listing (see Redis.SessionsOn): this
+// replica caches only the sessions it served. It needs Redis: while
+// degraded, or when the listing fails, it returns an error wrapping the
+// cause (ErrUnavailable). Records kept here during an outage are listed
+// once written to Redis.
+func (c *Cache) SessionsOn(ctx context.Context, backendID string, limit int) ([]string, error) {
+	if c.degraded.Load() {
+		return nil, c.degradedErr()
+	}
+	sids, err := c.shared.SessionsOn(ctx, backendID, limit)
+	if err != nil {
+		c.outage(err) // a failure like any other call's: a probe tells whether Redis is down
+		return nil, err
+	}
+	return sids, nil
+}
+
+// degradedErr is the answer of a call that needs Redis while degraded: the
+// failure that degraded the cache, which wraps ErrUnavailable.
+func (c *Cache) degradedErr() error {
+	if p := c.degradedBy.Load(); p != nil {
+		return fmt.Errorf("session: store degraded: %w", *p)
+	}
+	return ErrUnavailable
 }
 
 // Degraded reports whether Redis is currently considered unreachable.

@@ -3,6 +3,7 @@ package session_test
 import (
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,6 +212,7 @@ func footprintRecord(i int) *session.Record {
 	return &session.Record{
 		ClientSID: id, BackendID: be.id, BackendURL: be.url, BackendSID: id,
 		Init: initBody(i), ProtocolVersion: "2025-11-25",
+		Host: strings.Clone(benchHost), Path: strings.Clone(benchPath),
 	}
 }
 

@@ -169,7 +169,8 @@ func testRestartedEmptyLosesNoSession(t *testing.T, srv redisDeployment, waitSub
 				for attempt := 0; ; attempt++ {
 					got, err := b.Get(ctx, ids[i])
 					switch {
-					case err == nil && got.ClientSID == ids[i] && got.BackendID == rec("").BackendID:
+					case err == nil && got.ClientSID == ids[i] && got.BackendID == rec("").BackendID &&
+						got.Host == rec("").Host && got.Path == rec("").Path: // written back whole
 						found.Add(1)
 					case errors.Is(err, session.ErrNotFound):
 						lost.Add(1)
@@ -321,7 +322,8 @@ func TestCacheBounded(t *testing.T) {
 
 	t.Run("initialize bytes", func(t *testing.T) {
 		const body = 1 << 10
-		a := newReplica(t, srv, clock, session.CacheOptions{MaxInitBytes: 3 * body})
+		addr := int64(len(rec("").Host) + len(rec("").Path)) // the same for all: counted once
+		a := newReplica(t, srv, clock, session.CacheOptions{MaxInitBytes: 3*body + addr})
 		for i := range 5 {
 			r := rec(fmt.Sprintf("b%d", i))
 			r.Init = bytes.Repeat([]byte{'a' + byte(i)}, body)
@@ -339,6 +341,48 @@ func TestCacheBounded(t *testing.T) {
 		big.Init = make([]byte, 3*body+1)
 		if err := a.Create(ctx, big); !errors.Is(err, session.ErrInitTooLarge) {
 			t.Errorf("Create with a body over the bound = %v, want ErrInitTooLarge", err)
+		}
+	})
+
+	t.Run("addresses", func(t *testing.T) {
+		// Each distinct Host and Path counted once in the byte bound, in
+		// sessions created here and read from Redis.
+		const bound = 32 << 10
+		a := newReplica(t, srv, clock, session.CacheOptions{MaxInitBytes: bound})
+		b := newReplica(t, srv, clock, session.CacheOptions{MaxInitBytes: bound})
+		for i := range 10 {
+			id := fmt.Sprintf("addr-%d", i)
+			if err := a.Create(ctx, rec(id)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Get(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, r := range []*replica{a, b} {
+			if got, want := r.AddressBytes(), int64(len(rec("").Host)+len(rec("").Path)); got != want {
+				t.Errorf("%d address bytes cached for one Host and Path, want %d", got, want)
+			}
+		}
+		for i := range 8 {
+			r := rec(fmt.Sprintf("long-%d", i))
+			r.Path = "/" + strings.Repeat(string(rune('a'+i)), session.MaxAddressLen-1)
+			if err := a.Create(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Get(ctx, r.ClientSID); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range []*replica{a, b} {
+				if held := r.Stats().InitBytes + r.AddressBytes(); held > bound {
+					t.Fatalf("after %d long paths: %d bytes cached, bound %d", i+1, held, bound)
+				}
+			}
+		}
+		for _, r := range []*replica{a, b} {
+			if st := r.Stats(); st.EvictedMaxInitBytes == 0 {
+				t.Errorf("no eviction for bytes after 8 paths of 8 KiB under a bound of 32 KiB: %+v", st)
+			}
 		}
 	})
 

@@ -318,6 +318,7 @@ func TestCacheStoreContract(t *testing.T) {
 		{"CreateExists", testCreateExists}, {"CreateReplacesExpired", testCreateReplacesExpired},
 		{"CreateEmptyID", testCreateEmptyID},
 		{"Swap", testSwap}, {"SwapVersions", testSwapVersions}, {"SwapKeepsPrincipal", testSwapKeepsPrincipal},
+		{"Address", testAddress},
 	} {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
 	}
@@ -712,8 +713,12 @@ func testCacheDegraded(t *testing.T, srv redisDeployment, outage, mend func()) {
 	if got, err := a.Delete(ctx, "deleted"); err != nil || got == nil || got.ClientSID != "deleted" {
 		t.Errorf("Delete(cached) while degraded = %v, %v; want the record", got, err)
 	}
+	// A drain's listing needs Redis: an error that says why.
+	if got, err := a.SessionsOn(ctx, rec("").BackendID, 10); !errors.Is(err, session.ErrUnavailable) || got != nil {
+		t.Errorf("SessionsOn while degraded = %q, %v; want nil, ErrUnavailable", got, err)
+	}
 	if d := time.Since(start); d > cacheBudget/4 {
-		t.Errorf("degraded Swap and Delete took %v, want well under the %v budget", d, cacheBudget)
+		t.Errorf("degraded Swap, Delete and SessionsOn took %v, want well under the %v budget", d, cacheBudget)
 	}
 	st := a.Stats()
 	if !st.Degraded || st.Pending != 2 || st.Unwritten != 1 {
@@ -743,6 +748,10 @@ func testCacheDegraded(t *testing.T, srv redisDeployment, outage, mend func()) {
 	}
 	if _, err := other.Get(ctx, "new-3"); !errors.Is(err, session.ErrNotFound) {
 		t.Errorf("new-3 (beyond MaxPending) in Redis: %v, want ErrNotFound", err)
+	}
+	// Listed with their backend once written.
+	if got, err := a.SessionsOn(ctx, rec("").BackendID, 10); err != nil || !slices.Contains(got, "new-1") || !slices.Contains(got, "new-2") {
+		t.Errorf("SessionsOn after recovery = %q, %v; want new-1 and new-2 among them", got, err)
 	}
 	// Kept by Redis, or written back from the cache when Redis came
 	// back empty.
@@ -809,8 +818,8 @@ func TestCacheRedisRestartedEmpty(t *testing.T) {
 	if got, err := other.Get(ctx, "deleted"); !errors.Is(err, session.ErrNotFound) {
 		t.Errorf("authority Get(deleted) = %v, %v; want ErrNotFound", got, err)
 	}
-	if got, err := other.Get(ctx, "kept"); err != nil || got.Version != 1 {
-		t.Errorf("kept = %v, %v", got, err)
+	if got, err := other.Get(ctx, "kept"); err != nil || got.Version != 1 || got.Host != rec("").Host || got.Path != rec("").Path {
+		t.Errorf("kept = %v, %v; want it written back whole", got, err)
 	}
 }
 

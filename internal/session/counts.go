@@ -216,7 +216,7 @@ func (r *Redis) repairCounts(ctx context.Context, backendIDs []string) (removed,
 			if err != nil {
 				return removed, moved, unavailable(err)
 			}
-			rm, mv, err := r.repairBatch(ctx, id, key, flat)
+			rm, mv, _, err := r.repairBatch(ctx, id, key, flat)
 			removed, moved = removed+rm, moved+mv
 			if err != nil {
 				return removed, moved, err
@@ -230,10 +230,11 @@ func (r *Redis) repairCounts(ctx context.Context, backendIDs []string) (removed,
 }
 
 // repairBatch is repairCounts for the members (member, score pairs, as
-// ZSCAN returns them) of one backend's set.
-func (r *Redis) repairBatch(ctx context.Context, id, key string, flat []string) (removed, moved int, err error) {
+// ZSCAN returns them) of one backend's set. live are the members whose
+// record is live on the backend.
+func (r *Redis) repairBatch(ctx context.Context, id, key string, flat []string) (removed, moved int, live []string, err error) {
 	if len(flat) < 2 {
-		return 0, 0, nil
+		return 0, 0, nil, nil
 	}
 	ctx, cancel := r.call(ctx, r.timeout)
 	defer cancel()
@@ -243,13 +244,16 @@ func (r *Redis) repairBatch(ctx context.Context, id, key string, flat []string) 
 		reads = append(reads, pipe.HMGet(ctx, r.sessionKey(flat[i]), "b", "e", "d"))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, 0, unavailable(err)
+		return 0, 0, nil, unavailable(err)
 	}
 	now := r.now().UnixMilli()
 	fix := r.client.Pipeline()
 	for i, read := range reads {
 		sid, score := flat[2*i], flat[2*i+1]
 		f := read.Val()
+		if len(f) != 3 {
+			return 0, 0, nil, badReply("HMGET of 3 fields answered %d", len(f))
+		}
 		b, _ := f[0].(string)
 		es, _ := f[1].(string)
 		deleted, _ := f[2].(string)
@@ -261,13 +265,61 @@ func (r *Redis) repairBatch(ctx context.Context, id, key string, flat []string) 
 		case score != strconv.FormatInt(e, 10):
 			fix.ZAdd(ctx, key, redis.Z{Score: float64(e), Member: sid})
 			moved++
+			live = append(live, sid)
+		default:
+			live = append(live, sid)
 		}
 	}
 	if removed+moved == 0 {
-		return 0, 0, nil
+		return 0, 0, live, nil
 	}
 	if _, err := fix.Exec(ctx); err != nil {
-		return 0, 0, unavailable(err)
+		return 0, 0, nil, unavailable(err)
 	}
-	return removed, moved, nil
+	return removed, moved, live, nil
+}
+
+// sessionsOnMaxRounds bounds the round trips of one listing in a cluster
+// (each reads about countRepairBatch members): a set that large is
+// listed over several calls.
+const sessionsOnMaxRounds = 1024
+
+// sessionsOnApart is SessionsOn in a cluster (counts apart), where the set
+// is not exact: it scans the set (ZSCAN, in no particular order) and
+// checks each member against its record, as the repair pass does, with
+// the same effect (a member whose record is gone, expired or on another
+// backend is removed, a lagging score is moved), and lists the members
+// whose record is live on the backend. So a listing neither names a
+// session that has moved (as of the check: callers re-read anyway) nor
+// misses one whose count update was lost, and stale members cannot fill
+// listing after listing. Each round trip is within the plain budget.
+func (r *Redis) sessionsOnApart(ctx context.Context, id, key string, limit int) ([]string, error) {
+	var out []string
+	seen := map[string]bool{} // ZSCAN may return a member twice
+	var cursor uint64
+	for range sessionsOnMaxRounds {
+		cctx, cancel := r.call(ctx, r.timeout)
+		flat, next, err := r.client.ZScan(cctx, key, cursor, "", countRepairBatch).Result()
+		cancel()
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		_, _, live, err := r.repairBatch(ctx, id, key, flat)
+		if err != nil {
+			return nil, err
+		}
+		for _, sid := range live {
+			if sid == "" || seen[sid] {
+				continue
+			}
+			seen[sid] = true
+			if out = append(out, sid); len(out) == limit {
+				return out, nil
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	return out, nil
 }

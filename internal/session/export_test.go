@@ -14,6 +14,12 @@ var (
 	ErrDeleted      = errDeleted
 )
 
+// AddressBytes are the bytes of the distinct Hosts and Paths held.
+func (m *Memory) AddressBytes() int64 { return m.tab.addrs.total.Load() }
+
+// AddressBytes are the bytes of the distinct Hosts and Paths cached.
+func (c *Cache) AddressBytes() int64 { return c.tab.addrs.total.Load() }
+
 func (r *Redis) Restore(ctx context.Context, rec *Record) error { return r.restore(ctx, rec) }
 
 func (r *Redis) EnsureMarker(ctx context.Context) (ms int64, created bool, err error) {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Memory is the embedded in-process Store: the default when tether runs
@@ -50,7 +51,10 @@ type Memory struct {
 	done      chan struct{} // closed when the sweeper has returned
 }
 
-var _ Store = (*Memory)(nil)
+var (
+	_ Store         = (*Memory)(nil)
+	_ BackendLister = (*Memory)(nil)
+)
 
 // MemoryOptions configures NewMemory. The zero value is usable.
 type MemoryOptions struct {
@@ -64,9 +68,10 @@ type MemoryOptions struct {
 	SweepInterval time.Duration
 	// MaxSessions bounds the records held; default DefaultMaxSessions.
 	MaxSessions int
-	// MaxInitBytes bounds the bytes of the distinct initialize bodies held;
-	// default DefaultMaxInitBytes. A Create whose body alone is larger fails
-	// with errInitTooLarge.
+	// MaxInitBytes bounds the bytes of the distinct initialize bodies held,
+	// and of the distinct Hosts and Paths; default DefaultMaxInitBytes. A
+	// Create whose body, Host and Path alone are larger fails with
+	// errInitTooLarge.
 	MaxInitBytes int64
 	// OnChange, if set, is told of every change (see Change): Created,
 	// Moved (Swap), Deleted, and Expired for a record that leaves the store
@@ -147,7 +152,8 @@ func NewMemory(opts MemoryOptions) *Memory {
 	m.tab = newTable(maxLen, maxBytes,
 		func(e *memEntry, now int64) bool { return m.expired(e.rec.Load(), time.Unix(0, now)) },
 		func(e *memEntry) string { return e.rec.Load().ClientSID },
-		func(e *memEntry) []byte { return e.rec.Load().Init })
+		func(e *memEntry) []byte { return e.rec.Load().Init },
+		func(e *memEntry) (string, string) { r := e.rec.Load(); return r.Host, r.Path })
 	maxTasks := int64(opts.MaxTasks)
 	if maxTasks <= 0 {
 		maxTasks = defaultMaxTasks
@@ -218,12 +224,16 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 	if r.ClientSID == "" {
 		return errEmptyID
 	}
-	if int64(len(r.Init)) > m.tab.maxBytes {
+	if err := checkAddress(r); err != nil {
+		return err
+	}
+	if recordBytes(r) > m.tab.maxBytes {
 		return errInitTooLarge
 	}
 	now := m.now()
 	// Interned before taking the shard lock: a new body is copied here.
 	rec := own(r, nil, m.tab.bodies.acquire(r.Init))
+	rec.Host, rec.Path = m.tab.addrs.acquireString(r.Host), m.tab.addrs.acquireString(r.Path)
 	rec.Version = 1
 	rec.LastUsed = now
 	if rec.Created.IsZero() {
@@ -239,7 +249,7 @@ func (m *Memory) Create(_ context.Context, r *Record) error {
 		cur := old.val.rec.Load()
 		if !m.expired(cur, now) {
 			s.mu.Unlock()
-			m.tab.bodies.release(rec.Init)
+			m.tab.releaseRecord(rec)
 			return ErrExists
 		}
 		replaced = cur
@@ -283,6 +293,9 @@ func (m *Memory) Swap(_ context.Context, old, next *Record) (*Record, error) {
 	if next.ClientSID != old.ClientSID {
 		return nil, errSwapID
 	}
+	if err := checkAddress(next); err != nil {
+		return nil, err
+	}
 	now := m.now()
 
 	s := m.tab.shard(old.ClientSID)
@@ -321,6 +334,8 @@ func (m *Memory) swapLocked(s *tableShard[memEntry], old, next *Record, now time
 	}
 	rec = own(next, cur, init)
 	rec.Principal = cur.Principal
+	rec.Host = m.tab.addrs.swapString(cur.Host, next.Host)
+	rec.Path = m.tab.addrs.swapString(cur.Path, next.Path)
 	rec.Version = cur.Version + 1
 	// A swap is a use of the session (it happens on a request); never move
 	// the idle clock backwards.
@@ -500,6 +515,40 @@ func (m *Memory) Range(f func(*Record) bool) {
 	}
 }
 
+// SessionsOn lists up to limit live sessions whose record names backendID
+// (see BackendLister), in map order, which differs from call to call. It
+// scans the whole table, one shard's read lock at a time, holding each only
+// while it compares that shard's records (no allocation but the result's);
+// it stops at limit.
+func (m *Memory) SessionsOn(ctx context.Context, backendID string, limit int) ([]string, error) {
+	limit = min(limit, MaxSessionsOn)
+	if limit <= 0 {
+		return nil, nil
+	}
+	now := m.now()
+	var out []string
+	for i := range m.tab.shards {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s := &m.tab.shards[i]
+		s.mu.RLock()
+		for _, e := range s.m {
+			if r := e.val.rec.Load(); r.BackendID == backendID && !m.expired(r, now) {
+				out = append(out, r.ClientSID)
+				if len(out) == limit {
+					break
+				}
+			}
+		}
+		s.mu.RUnlock()
+		if len(out) == limit {
+			break
+		}
+	}
+	return out, nil
+}
+
 // own returns a copy of r that the store can keep, with init (the store's
 // interned copy of r's body) as its Init: it shares no memory with the
 // caller except what is immutable by contract and already owned by the
@@ -529,11 +578,17 @@ func own(r, prev *Record, init []byte) *Record {
 	c.Init = init
 	// BackendID, BackendURL and ProtocolVersion are shared by many sessions
 	// and come from long-lived values (the endpoint set, a header); they are
-	// kept as given.
+	// kept as given. Host and Path are the caller's to intern (see
+	// table.addrs): they come from each request, and count in the bound.
 	return &c
 }
 
 // sameBytes reports whether a and b are the same slice of the same array.
 func sameBytes(a, b []byte) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// sameString reports whether a and b are the same bytes in memory.
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
 }

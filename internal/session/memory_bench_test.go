@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,10 +50,17 @@ func benchRecords(n int) []*session.Record {
 			BackendSID:      id,
 			Init:            initBody(i),
 			ProtocolVersion: "2025-11-25",
+			// From each request's own buffer, as the proxy passes them.
+			Host: strings.Clone(benchHost),
+			Path: strings.Clone(benchPath),
 		}
 	}
 	return recs
 }
+
+// benchHost and benchPath are where the benchmark's clients send their
+// initialize.
+const benchHost, benchPath = "mcp.example.com:8443", "/tenants/acme/mcp"
 
 func benchMemory(b *testing.B, clock *fakeClock, n int) (*session.Memory, []string) {
 	m := session.NewMemory(session.MemoryOptions{TTL: time.Hour, Now: clock.Now})

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -118,8 +120,9 @@ func TestMemoryEvictsExpiredFirst(t *testing.T) {
 // once; a body larger than the bound is refused.
 func TestMemoryInitBytesBound(t *testing.T) {
 	const body = 4 << 10
+	addr := int64(len(rec("").Host) + len(rec("").Path)) // the same for all: counted once
 	clock := newFakeClock()
-	m := newBoundedMemory(t, clock, 1000, 3*body)
+	m := newBoundedMemory(t, clock, 1000, 3*body+addr)
 	ctx := t.Context()
 	for i := range 10 {
 		r := rec(fmt.Sprintf("s%d", i))
@@ -141,6 +144,70 @@ func TestMemoryInitBytesBound(t *testing.T) {
 	big.Init = make([]byte, 3*body+1)
 	if err := m.Create(ctx, big); !errors.Is(err, session.ErrInitTooLarge) {
 		t.Errorf("Create with a body over the bound = %v, want ErrInitTooLarge", err)
+	}
+}
+
+// Hosts and Paths count in the byte bound, each distinct one once: clients
+// that vary them (up to MaxAddressLen each) cannot make the store hold more
+// than MaxInitBytes, and the Host and Path every session of an endpoint
+// repeats cost one copy, which goes when the last session holding it does.
+func TestMemoryAddressBytes(t *testing.T) {
+	const bound = 64 << 10
+	clock := newFakeClock()
+	m := newBoundedMemory(t, clock, 1000, bound)
+	ctx := t.Context()
+	host, path := rec("").Host, rec("").Path
+	var first *session.Record
+	for i := range 100 {
+		r := rec(fmt.Sprintf("same-%d", i)) // a fresh Host and Path per request
+		if err := m.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		got, err := m.Get(ctx, r.ClientSID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = got
+		} else if unsafe.StringData(got.Host) != unsafe.StringData(first.Host) || unsafe.StringData(got.Path) != unsafe.StringData(first.Path) {
+			t.Fatalf("session %d holds its own copy of the Host or Path", i)
+		}
+	}
+	if got, want := m.AddressBytes(), int64(len(host)+len(path)); got != want {
+		t.Errorf("%d address bytes held for one Host and Path, want %d", got, want)
+	}
+
+	// A swap to another path: the new one is held, the old one still by
+	// the 99 others.
+	cur, _ := m.Get(ctx, "same-0")
+	next := cur.Clone()
+	next.Path = "/v2/mcp"
+	if _, err := m.Swap(ctx, cur, next); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.AddressBytes(), int64(len(host)+len(path)+len("/v2/mcp")); got != want {
+		t.Errorf("after a swap to a new path: %d address bytes, want %d", got, want)
+	}
+
+	// Sessions each with their own long path: the bound holds, evicting.
+	for i := range 20 {
+		r := rec(fmt.Sprintf("long-%d", i))
+		r.Path = "/" + strings.Repeat(string(rune('a'+i)), session.MaxAddressLen-1)
+		if err := m.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if held := m.Stats().InitBytes + m.AddressBytes(); held > bound {
+			t.Fatalf("after %d long paths: %d bytes held, bound %d", i+1, held, bound)
+		}
+	}
+	if st := m.Stats(); st.EvictedMaxInitBytes == 0 {
+		t.Errorf("no eviction for bytes after 20 paths of 8 KiB under a bound of 64 KiB: %+v", st)
+	}
+
+	clock.Advance(2 * ttl)
+	m.Sweep(clock.Now())
+	if st := m.Stats(); st.Sessions != 0 || st.InitBytes != 0 || m.AddressBytes() != 0 {
+		t.Errorf("after every session expired: %+v, %d address bytes", st, m.AddressBytes())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,10 +34,12 @@ var errBadReply = errors.New("session: malformed reply from Redis")
 //
 //	P s:<client sid>   hash: v (version), b (backend id), u (backend URL),
 //	                   bs (backend sid), i (initialize body), pv (protocol
-//	                   version), p (principal digest), c, l, e (created, last
-//	                   used, expiry; Unix milliseconds of the store's clock:
-//	                   Lua numbers are doubles, exact only to 2^53), r
-//	                   (re-initializations)
+//	                   version), p (principal digest), h, pa (Host and path
+//	                   of the initialize; absent in records written before
+//	                   tether stored them), c, l, e (created, last used,
+//	                   expiry; Unix milliseconds of the store's clock: Lua
+//	                   numbers are doubles, exact only to 2^53), r
+//	                   (re-initializations); d alone: a tombstone
 //	P b:<backend id>   sorted set of client sids scored by expiry: the
 //	                   fleet-wide live sessions of a backend
 //	P epoch            when this Redis's data began (Unix ms): a replica
@@ -76,7 +79,10 @@ type Redis struct {
 	observe     func(op string, start time.Time, err *error)
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store         = (*Redis)(nil)
+	_ BackendLister = (*Redis)(nil)
+)
 
 // RedisOptions configures a Redis store.
 type RedisOptions struct {
@@ -278,6 +284,11 @@ func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 	if v == 0 || f["b"] == "" {
 		return nil, badReply("record without version or backend")
 	}
+	for _, k := range []string{"h", "pa"} {
+		if n := len(f[k]); n > MaxAddressLen {
+			return nil, badReply("record field %s of %d bytes", k, n)
+		}
+	}
 	return &Record{
 		ClientSID:       sid,
 		BackendID:       f["b"],
@@ -286,6 +297,8 @@ func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 		Init:            []byte(f["i"]),
 		ProtocolVersion: f["pv"],
 		Principal:       f["p"],
+		Host:            f["h"],
+		Path:            f["pa"],
 		Created:         time.UnixMilli(c).UTC(),
 		LastUsed:        time.UnixMilli(l).UTC(),
 		Reinits:         uint32(reinits),
@@ -298,7 +311,8 @@ func (r *Redis) decode(sid string, f map[string]string) (*Record, error) {
 // from its old backend's set).
 // KEYS[1] session key. ARGV: 1 backend prefix, 2 sid, 3 ttl ms, 4 backend,
 // 5 url, 6 backend sid, 7 init, 8 protocol version, 9 created ms, 10 last
-// used ms, 11 expiry ms, 12 reinits, 13 version, 14 now ms, 15 principal.
+// used ms, 11 expiry ms, 12 reinits, 13 version, 14 now ms, 15 principal,
+// 16 host, 17 path.
 // (With countsApart the backend set lines are left out: see counts.go.)
 var createScript = newCountedScript(`
 local f = redis.call('HMGET', KEYS[1], 'b', 'e')
@@ -307,7 +321,8 @@ if f[1] and e and e > tonumber(ARGV[14]) then return 0 end
 --inline if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
-  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
+  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15],
+  'h', ARGV[16], 'pa', ARGV[17])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 --inline redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
@@ -318,6 +333,9 @@ return 1
 func (r *Redis) Create(ctx context.Context, rec *Record) error {
 	if rec.ClientSID == "" {
 		return errors.New("session: empty ClientSID")
+	}
+	if err := checkAddress(rec); err != nil {
+		return err
 	}
 	now := r.now()
 	created := rec.Created
@@ -345,7 +363,7 @@ func (r *Redis) write(ctx context.Context, op string, script countedScript, rec 
 	if ttl <= 0 {
 		ttl = time.Millisecond
 	}
-	ctx, cancel := r.call(ctx, r.budget(len(rec.Init)))
+	ctx, cancel := r.call(ctx, r.budget(int(recordBytes(rec))))
 	defer cancel()
 	cmd := r.script(script).Run(ctx, r.client, []string{r.sessionKey(rec.ClientSID)}, r.writeArgs(rec, created, last, exp, ttl, version, now)...)
 	if err := cmd.Err(); err != nil {
@@ -363,7 +381,7 @@ func (r *Redis) writeArgs(rec *Record, created, last, exp time.Time, ttl time.Du
 	return []any{r.backendPrefix(), rec.ClientSID, ttl.Milliseconds(),
 		rec.BackendID, rec.BackendURL, rec.BackendSID, rec.Init, rec.ProtocolVersion,
 		created.UnixMilli(), last.UnixMilli(), exp.UnixMilli(), rec.Reinits, version,
-		now.UnixMilli(), rec.Principal}
+		now.UnixMilli(), rec.Principal, rec.Host, rec.Path}
 }
 
 // restoreScript writes a record kept locally while Redis was unreachable
@@ -392,7 +410,8 @@ end
 --inline if f[1] then redis.call('ZREM', ARGV[1] .. f[1], ARGV[2]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[13], 'b', ARGV[4], 'u', ARGV[5], 'bs', ARGV[6], 'i', ARGV[7],
-  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15])
+  'pv', ARGV[8], 'c', ARGV[9], 'l', ARGV[10], 'e', ARGV[11], 'r', ARGV[12], 'p', ARGV[15],
+  'h', ARGV[16], 'pa', ARGV[17])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 --inline redis.call('ZADD', ARGV[1] .. ARGV[4], ARGV[11], ARGV[2])
 return 1
@@ -454,7 +473,7 @@ func (r *Redis) restoreBatch(ctx context.Context, batch []*Record, out []error) 
 	defer r.observe("restore_batch", time.Now(), &err)
 	size := 0
 	for _, rec := range batch {
-		size += len(rec.Init)
+		size += int(recordBytes(rec))
 	}
 	ctx, cancel := r.call(ctx, r.budget(size))
 	defer cancel()
@@ -501,10 +520,11 @@ func isReplyError(err error) bool {
 
 // swapScript is the compare-and-swap of a re-initialization. It leaves the
 // session's initialize body, protocol version, principal and creation time
-// as they are.
+// as they are; it writes next's Host and path (where the session's endpoint
+// is now).
 // KEYS[1] session key. ARGV: expected version, backend prefix, sid, ttl ms,
 // now ms (logical expiry check), new backend, url, backend sid, last ms,
-// exp ms, reinits, channel.
+// exp ms, reinits, channel, host, path.
 // Returns {0} absent, {1, fields...} conflict, {2, version} swapped.
 var swapScript = newCountedScript(`
 local cur = redis.call('HGET', KEYS[1], 'v')
@@ -518,7 +538,8 @@ if cur ~= ARGV[1] then
 end
 local oldb = redis.call('HGET', KEYS[1], 'b')
 local v = tonumber(cur) + 1
-redis.call('HSET', KEYS[1], 'v', v, 'b', ARGV[6], 'u', ARGV[7], 'bs', ARGV[8], 'l', ARGV[9], 'e', ARGV[10], 'r', ARGV[11])
+redis.call('HSET', KEYS[1], 'v', v, 'b', ARGV[6], 'u', ARGV[7], 'bs', ARGV[8], 'l', ARGV[9], 'e', ARGV[10], 'r', ARGV[11],
+  'h', ARGV[13], 'pa', ARGV[14])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 --inline if oldb then redis.call('ZREM', ARGV[2] .. oldb, ARGV[3]) end
 --inline redis.call('ZADD', ARGV[2] .. ARGV[6], ARGV[10], ARGV[3])
@@ -530,11 +551,14 @@ redis.call('PUBLISH', ARGV[12], ARGV[3])
 // Swap is the compare-and-swap on Version that lets replicas agree on one
 // re-initialization: the loser gets the winner's record and ErrConflict.
 // The stored record keeps old's Init, ProtocolVersion, Principal and
-// Created.
+// Created, and takes next's Host and Path.
 func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err error) {
 	defer r.observe("swap", time.Now(), &err)
 	if next.ClientSID != old.ClientSID {
 		return nil, errors.New("session: Swap must keep the ClientSID")
+	}
+	if err := checkAddress(next); err != nil {
+		return nil, err
 	}
 	now := r.now()
 	last := next.LastUsed
@@ -550,13 +574,14 @@ func (r *Redis) Swap(ctx context.Context, old, next *Record) (_ *Record, err err
 	if ttl <= 0 {
 		return nil, ErrNotFound
 	}
-	// A conflict returns the current record, body included.
-	ctx, cancel := r.call(ctx, r.budget(len(old.Init)))
+	// A conflict returns the current record, body included; next's Host
+	// and Path go with the call.
+	ctx, cancel := r.call(ctx, r.budget(int(recordBytes(old))+len(next.Host)+len(next.Path)))
 	defer cancel()
 	cmd := r.script(swapScript).Run(ctx, r.client, []string{r.sessionKey(old.ClientSID)},
 		old.Version, r.backendPrefix(), old.ClientSID, ttl.Milliseconds(), now.UnixMilli(),
 		next.BackendID, next.BackendURL, next.BackendSID, last.UnixMilli(), exp.UnixMilli(), next.Reinits,
-		r.channel())
+		r.channel(), next.Host, next.Path)
 	if err := cmd.Err(); err != nil {
 		return nil, unavailable(err)
 	}
@@ -761,6 +786,50 @@ func (r *Redis) BackendSessions(ctx context.Context, backendIDs []string) (_ map
 	r.maybeRepair(backendIDs)
 	return out, nil
 }
+
+// SessionsOn lists up to limit live sessions of backendID from its set
+// (P b:<backend>; see BackendLister). On one server and with Sentinel the
+// set is exact (the scripts update it with the records): one ZRANGEBYSCORE
+// of the unexpired members, the soonest to expire first, which are the
+// sessions idle longest, the likeliest to be quiet for a drain. In a
+// cluster the set may hold members whose record has moved or is gone, and
+// a live member's score may lag behind its record (see counts.go): there
+// each member read is checked against its record (see sessionsOnApart).
+//
+// ZRANGEBYSCORE rather than ZRANGE … BYSCORE: the same reply, and every
+// Redis version has it.
+func (r *Redis) SessionsOn(ctx context.Context, backendID string, limit int) (_ []string, err error) {
+	defer r.observe("sessions_on", time.Now(), &err)
+	limit = min(limit, MaxSessionsOn)
+	if limit <= 0 {
+		return nil, nil
+	}
+	key := r.backendPrefix() + backendID
+	if r.countsApart {
+		return r.sessionsOnApart(ctx, backendID, key, limit)
+	}
+	// The reply carries up to limit ids: time for them at the plain
+	// budget's pace, as for a large value.
+	cctx, cancel := r.call(ctx, r.budget(limit*listedIDBytes))
+	defer cancel()
+	sids, err := r.client.ZRangeByScore(cctx, key, &redis.ZRangeBy{
+		Min: "(" + strconv.FormatInt(r.now().UnixMilli(), 10), Max: "+inf", Count: int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if len(sids) > limit {
+		return nil, badReply("ZRANGEBYSCORE LIMIT %d answered %d members", limit, len(sids))
+	}
+	if slices.Contains(sids, "") {
+		return nil, badReply("ZRANGEBYSCORE answered an empty session id")
+	}
+	return sids, nil
+}
+
+// listedIDBytes is what one listed session id is assumed to cost a
+// reply, for its budget: a 36-byte UUID and its framing, with room.
+const listedIDBytes = 64
 
 // Ping checks that Redis answers within the budget.
 func (r *Redis) Ping(ctx context.Context) (err error) {

@@ -42,7 +42,8 @@ func answering(name string, reply []byte) func([]string) []byte {
 // hostileRecord is a stored record's hash with one field replaced.
 func hostileRecord(field, value string) []byte {
 	f := map[string]string{"v": "1", "b": "pod-1", "u": "http://10.0.1.7:8080/mcp", "bs": "s", "i": "{}",
-		"pv": "2025-11-25", "p": "", "c": "1772366400000", "l": "1772366400000", "e": "99999999999999", "r": "0"}
+		"pv": "2025-11-25", "p": "", "h": "mcp.example.com:8443", "pa": "/mcp",
+		"c": "1772366400000", "l": "1772366400000", "e": "99999999999999", "r": "0"}
 	f[field] = value
 	var ss []string
 	for k, v := range f {
@@ -89,6 +90,13 @@ func TestRedisHostileReplies(t *testing.T) {
 		}
 		return err
 	}
+	list := func(ctx context.Context, s *session.Redis) error {
+		got, err := s.SessionsOn(ctx, "pod-1", 2)
+		if got != nil {
+			t.Errorf("SessionsOn returned %q with %v", got, err)
+		}
+		return err
+	}
 	marker := func(ctx context.Context, s *session.Redis) error { _, _, err := s.Marker(ctx); return err }
 	ensure := func(ctx context.Context, s *session.Redis) error { _, _, err := s.EnsureMarker(ctx); return err }
 
@@ -129,6 +137,8 @@ func TestRedisHostileReplies(t *testing.T) {
 		{"get: reinits beyond uint32", "HGETALL", hostileRecord("r", "4294967296"), get, bad},
 		{"get: no backend", "HGETALL", hostileRecord("b", ""), get, bad},
 		{"get: version 0", "HGETALL", hostileRecord("v", "0"), get, bad},
+		{"get: Host beyond MaxAddressLen", "HGETALL", hostileRecord("h", strings.Repeat("h", session.MaxAddressLen+1)), get, bad},
+		{"get: path beyond MaxAddressLen", "HGETALL", hostileRecord("pa", "/"+strings.Repeat("p", session.MaxAddressLen)), get, bad},
 		{"get: integer instead of a hash", "HGETALL", redistest.Int(1), get, down},
 		{"get: odd field count", "HGETALL", redistest.Bulks("v", "1", "b"), get, down},
 		{"get: nil", "HGETALL", redistest.NilArray(), get, bad},
@@ -148,6 +158,15 @@ func TestRedisHostileReplies(t *testing.T) {
 		// Fleet-wide counts.
 		{"counts: negative", "ZCARD", redistest.Int(-5), counts, bad},
 		{"counts: string", "ZCARD", redistest.Bulk("x"), counts, down},
+		// A backend's sessions (limit 2).
+		{"list: more members than the limit", "ZRANGEBYSCORE", redistest.Bulks("a", "b", "c"), list, bad},
+		{"list: an empty id", "ZRANGEBYSCORE", redistest.Bulks("a", ""), list, bad},
+		{"list: a nil id", "ZRANGEBYSCORE", redistest.Array(redistest.Bulk("a"), redistest.NilBulk()), list, bad},
+		{"list: nil", "ZRANGEBYSCORE", redistest.NilArray(), list, bad},
+		{"list: integer instead of an array", "ZRANGEBYSCORE", redistest.Int(2), list, down},
+		{"list: a nested array", "ZRANGEBYSCORE", redistest.Array(redistest.Bulk("a"), redistest.Array()), list, down},
+		{"list: length out of range", "ZRANGEBYSCORE", r("*99999999999999\r\n"), list, down},
+		{"list: error reply", "ZRANGEBYSCORE", redistest.Error("ERR unknown command"), list, down},
 		// The epoch marker.
 		{"marker: non-numeric", "GET", redistest.Bulk("yesterday"), marker, bad},
 		{"marker script: short", "EVALSHA", redistest.Array(redistest.Int(1)), ensure, bad},
@@ -267,5 +286,26 @@ func TestCacheBadReplyDoesNotDegrade(t *testing.T) {
 	}
 	if c.Degraded() || len(tr.list()) != 0 {
 		t.Errorf("degraded after a malformed reply (transitions %v)", tr.list())
+	}
+}
+
+// Regression: the repair of the backend sets (counts apart, and a cluster
+// listing of a backend's sessions) indexed the fields of each HMGET reply
+// unchecked: a short reply panicked in a background goroutine, killing
+// the process. It is an error now.
+func TestRedisRepairShortReply(t *testing.T) {
+	s := fakeStore(t, func(cmd []string) []byte {
+		switch strings.ToUpper(cmd[0]) {
+		case "ZSCAN":
+			return redistest.Array(redistest.Bulk("0"), redistest.Bulks("s-1", "1772366400000"))
+		case "HMGET":
+			return redistest.Bulks("pod-1")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, _, err := s.RepairCounts(ctx, []string{"pod-1"}); !errors.Is(err, session.ErrBadReply) {
+		t.Errorf("RepairCounts with a short HMGET reply: %v, want ErrBadReply", err)
 	}
 }

@@ -241,3 +241,39 @@ func TestRedisDeleteLeavesTombstone(t *testing.T) {
 		t.Fatalf("Get of the new session = %v", err)
 	}
 }
+
+// Records written before tether stored the initialize's Host and Path (no
+// h and pa fields) still decode, with "" for both, are listed with their
+// backend, and a Swap gives them next's.
+func TestRedisRecordWithoutAddress(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newRedisStore(t, srv, session.RedisOptions{})
+	raw := rawClient(t, srv)
+	ctx := t.Context()
+	// As the create script of the release before wrote it.
+	now := time.Now().UnixMilli()
+	exp := now + time.Hour.Milliseconds()
+	if err := raw.HSet(ctx, "tether:s:old", "v", "1", "b", "pod-1", "u", "http://10.0.1.7:8080/mcp", "bs", "old",
+		"i", `{"jsonrpc":"2.0","id":1,"method":"initialize"}`, "pv", "2025-11-25", "p", "",
+		"c", now, "l", now, "e", exp, "r", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.ZAdd(ctx, "tether:b:pod-1", redis.Z{Score: float64(exp), Member: "old"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.Get(ctx, "old")
+	if err != nil || old.BackendID != "pod-1" || old.Host != "" || old.Path != "" {
+		t.Fatalf("Get(old) = %+v, %v; want the record on pod-1 with no Host or Path", old, err)
+	}
+	if got, err := s.SessionsOn(ctx, "pod-1", 10); err != nil || len(got) != 1 || got[0] != "old" {
+		t.Errorf("SessionsOn(pod-1) = %q, %v; want [old]", got, err)
+	}
+	next := old.Clone()
+	next.BackendID, next.Host, next.Path = "pod-2", "mcp.example.com", "/mcp"
+	if _, err := s.Swap(ctx, old, next); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "old"); err != nil || got.Host != "mcp.example.com" || got.Path != "/mcp" || got.Version != 2 {
+		t.Errorf("Get after the Swap = %+v, %v; want next's Host and Path, version 2", got, err)
+	}
+}

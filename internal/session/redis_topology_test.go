@@ -54,6 +54,18 @@ func TestRedisTopologies(t *testing.T) {
 					return newTargetStore(t, url, session.RedisOptions{Prefix: "t" + string(rune('a'+n)) + ":", Now: now})
 				})
 			})
+			t.Run("SessionsOn", func(t *testing.T) {
+				n := 0
+				testSessionsOn(t, func(t *testing.T, now func() time.Time) listerStore {
+					n++ // a fresh key space per call
+					return newTargetStore(t, url, session.RedisOptions{Prefix: fmt.Sprintf("list%d:", n), Now: now})
+				})
+			})
+			if tc.name == "Cluster" {
+				t.Run("SessionsOnStaleMembers", func(t *testing.T) {
+					testSessionsOnStaleMembers(t, url, newTargetStore(t, url, session.RedisOptions{Prefix: "stale:"}))
+				})
+			}
 			t.Run("BackendSessions", func(t *testing.T) {
 				testBackendSessions(t, newTargetStore(t, url, session.RedisOptions{Prefix: "counts:"}))
 			})

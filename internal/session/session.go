@@ -63,6 +63,12 @@ type Record struct {
 	// ProtocolVersion is the MCP-Protocol-Version header of that initialize
 	// request, if it had one.
 	ProtocolVersion string
+	// Host and Path are the Host header and URL path of the initialize that
+	// created the session: where its MCP endpoint is. A re-initialization
+	// made without a client request (a drain) replays the initialize there.
+	// "" in records written before tether stored them. Each is at most
+	// MaxAddressLen bytes: a store refuses a longer one (Create, Swap).
+	Host, Path string
 	// Principal is a keyed digest of the credential headers that reached
 	// the backend with the initialize ("" when it carried none). A session
 	// is re-initialized only for a request whose credentials give the same
@@ -79,6 +85,26 @@ type Record struct {
 	// Version is set by the store: 1 on Create, plus one on each Swap.
 	// Swap succeeds only against the current Version.
 	Version uint64
+}
+
+// MaxAddressLen bounds Record.Host and Record.Path. A host name is at most
+// 253 bytes and MCP endpoint paths are tens; 8 KiB is what nginx allows a
+// whole request line or header line by default, so a longer value is no
+// address of an MCP server that clients reach through common proxies, and
+// a store does not keep it (each one is held per session, see
+// DefaultMaxInitBytes).
+const MaxAddressLen = 8 << 10
+
+// ErrAddressTooLong reports a record whose Host or Path is longer than
+// MaxAddressLen; nothing is stored.
+var ErrAddressTooLong = errors.New("session: initialize Host or Path longer than 8 KiB")
+
+// checkAddress refuses a record whose Host or Path no store keeps.
+func checkAddress(r *Record) error {
+	if len(r.Host) > MaxAddressLen || len(r.Path) > MaxAddressLen {
+		return ErrAddressTooLong
+	}
+	return nil
 }
 
 // Clone returns a shallow copy of r. The copy shares Init, which is never
@@ -127,6 +153,24 @@ type Store interface {
 	// Close releases the store's resources and stops its background work.
 	Close() error
 }
+
+// BackendLister is a store that can list the sessions recorded on one
+// backend: a drain moves each of them.
+type BackendLister interface {
+	// SessionsOn returns the client sids of up to limit live sessions whose
+	// record names backendID (any order; a record may have moved or expired
+	// since: callers re-read each). A limit above MaxSessionsOn is taken as
+	// MaxSessionsOn; a limit <= 0 lists nothing. Repeated calls need not
+	// return the same sessions: which ones come first is the store's (see
+	// each store's SessionsOn), and a caller that keeps finding sessions it
+	// cannot move yet should expect them back.
+	SessionsOn(ctx context.Context, backendID string, limit int) ([]string, error)
+}
+
+// MaxSessionsOn bounds one SessionsOn listing: a reply of that many ids is
+// a few megabytes from Redis, far below the limits its replies are held to
+// (see respguard.go), and more than any drain moves between two listings.
+const MaxSessionsOn = 1 << 16
 
 // HashID is how a session id appears in logs, traces and the admin
 // endpoints: a session id is a bearer credential on many servers, so only

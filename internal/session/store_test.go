@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,6 +45,9 @@ func rec(id string) *session.Record {
 		Init:            []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`),
 		ProtocolVersion: "2025-11-25",
 		Principal:       "v1:3q2-7w0nT2m6Yw8pZC1dXg", // a keyed digest, as the proxy computes it
+		// Each from its own request, as the proxy passes them.
+		Host: strings.Clone("mcp.example.com:8443"),
+		Path: strings.Clone("/tenants/acme/mcp"),
 	}
 }
 
@@ -68,6 +72,7 @@ func testStore(t *testing.T, newStore newStoreFunc) {
 	t.Run("Swap", func(t *testing.T) { testSwap(t, newStore) })
 	t.Run("SwapVersions", func(t *testing.T) { testSwapVersions(t, newStore) })
 	t.Run("SwapKeepsPrincipal", func(t *testing.T) { testSwapKeepsPrincipal(t, newStore) })
+	t.Run("Address", func(t *testing.T) { testAddress(t, newStore) })
 	t.Run("Delete", func(t *testing.T) { testDelete(t, newStore) })
 	t.Run("TouchAbsent", func(t *testing.T) { testTouchAbsent(t, newStore) })
 }
@@ -442,5 +447,74 @@ func testTouchAbsent(t *testing.T, newStore newStoreFunc) {
 	s := newStore(t, newFakeClock().Now)
 	if err := s.Touch(context.Background(), "nope", epoch); !errors.Is(err, session.ErrNotFound) {
 		t.Errorf("Touch(absent) = %v, want ErrNotFound", err)
+	}
+}
+
+// The initialize's Host and Path (where the session's MCP endpoint is, for
+// a re-initialization without a client request) are stored, follow a Swap
+// (next's), and are bounded: a longer one is refused, nothing stored.
+func testAddress(t *testing.T, newStore newStoreFunc) {
+	s := newStore(t, newFakeClock().Now)
+	ctx := t.Context()
+	long := strings.Repeat("x", session.MaxAddressLen+1)
+	longHost, longPath := rec("long-host"), rec("long-path")
+	longHost.Host, longPath.Path = long, "/"+long[1:]+"y"
+	for _, r := range []*session.Record{longHost, longPath} {
+		if err := s.Create(ctx, r); !errors.Is(err, session.ErrAddressTooLong) {
+			t.Errorf("Create(%s) = %v, want ErrAddressTooLong", r.ClientSID, err)
+		}
+		if got, err := s.Get(ctx, r.ClientSID); !errors.Is(err, session.ErrNotFound) {
+			t.Errorf("Get(%s) after a refused Create = %v, %v; want ErrNotFound", r.ClientSID, got, err)
+		}
+	}
+
+	atBound := rec("at-bound")
+	atBound.Host = long[1:]
+	atBound.Path = "/" + long[2:]
+	if err := s.Create(ctx, atBound); err != nil {
+		t.Fatalf("Create with a Host and Path of MaxAddressLen: %v", err)
+	}
+	if got, err := s.Get(ctx, "at-bound"); err != nil || got.Host != atBound.Host || got.Path != atBound.Path {
+		t.Fatalf("Get(at-bound) = %v, %v; want its Host and Path", got, err)
+	}
+
+	if err := s.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	v1, err := s.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1.Host != rec("a").Host || v1.Path != rec("a").Path {
+		t.Fatalf("stored Host, Path = %q, %q; want %q, %q", v1.Host, v1.Path, rec("a").Host, rec("a").Path)
+	}
+	refused := v1.Clone()
+	refused.BackendID = "10.0.2.3:8080/pod-uid-2"
+	refused.Path = long
+	if got, err := s.Swap(ctx, v1, refused); !errors.Is(err, session.ErrAddressTooLong) || got != nil {
+		t.Errorf("Swap to a Path over the bound = %v, %v; want nil, ErrAddressTooLong", got, err)
+	}
+	if got, err := s.Get(ctx, "a"); err != nil || got.Version != 1 || got.Path != v1.Path {
+		t.Errorf("Get after a refused Swap = %+v, %v; want v1 unchanged", got, err)
+	}
+
+	// A swap keeps what next says: the same (a clone of the record) or new.
+	next := v1.Clone()
+	next.BackendID = "10.0.2.3:8080/pod-uid-2"
+	v2, err := s.Swap(ctx, v1, next)
+	if err != nil || v2.Host != v1.Host || v2.Path != v1.Path {
+		t.Fatalf("Swap of a clone = %+v, %v; want the Host and Path kept", v2, err)
+	}
+	next = v2.Clone()
+	next.Host, next.Path = "mcp.example.org", "/v2/mcp"
+	v3, err := s.Swap(ctx, v2, next)
+	if err != nil || v3.Host != "mcp.example.org" || v3.Path != "/v2/mcp" {
+		t.Fatalf("Swap to a new Host and Path = %+v, %v", v3, err)
+	}
+	if got, err := s.Get(ctx, "a"); err != nil || got.Host != "mcp.example.org" || got.Path != "/v2/mcp" {
+		t.Errorf("Get after the Swap = %+v, %v; want next's Host and Path", got, err)
+	}
+	if got, err := s.Delete(ctx, "a"); err != nil || got.Host != "mcp.example.org" || got.Path != "/v2/mcp" {
+		t.Errorf("Delete = %+v, %v; want the record with its Host and Path", got, err)
 	}
 }

@@ -14,8 +14,8 @@ const (
 	// DefaultMaxSessions bounds the records one process holds. It is a
 	// safety net, not a capacity target: each live session also holds a
 	// backend session, which costs the backend far more. A record costs
-	// about 300 bytes when clients send identical initialize bodies, about
-	// 400 bytes plus its body when they differ (BenchmarkMemoryFootprint,
+	// about 340 bytes when clients send identical initialize bodies, about
+	// 420 bytes plus its body when they differ (BenchmarkMemoryFootprint,
 	// BenchmarkCacheFootprint), so the bound is about 100 MiB at most,
 	// besides the bodies (DefaultMaxInitBytes): within a sidecar's 512 MiB.
 	DefaultMaxSessions = 250_000
@@ -24,7 +24,10 @@ const (
 	// keeps 2,000 sessions with distinct bodies at the 64 KiB
 	// initialize limit (the proxy's --max-init-body), or about 40,000 with real (1-4 KB) distinct
 	// bodies; most clients of one proxy send byte-identical bodies, which
-	// cost nothing more.
+	// cost nothing more. The initialize requests' Hosts and Paths count
+	// too, each distinct one once: a few dozen bytes in all when clients
+	// use one endpoint, and a bound on what clients that vary them (up to
+	// MaxAddressLen each) can make a process hold.
 	DefaultMaxInitBytes = 128 << 20
 )
 
@@ -63,12 +66,18 @@ type table[V any] struct {
 	// evicted first and reported as expired rather than evicted.
 	dead func(v *V, now int64) bool
 	// keyOf and initOf read an entry's key and its interned initialize body
-	// (released when the entry leaves), so that nodes need not hold them.
+	// (released when the entry leaves), so that nodes need not hold them;
+	// addrOf its interned Host and Path (nil: entries hold none).
 	keyOf  func(v *V) string
 	initOf func(v *V) []byte
+	addrOf func(v *V) (host, path string)
 
 	n      atomic.Int64 // entries held
 	bodies bodies
+	// addrs interns the records' Hosts and Paths apart from the bodies (so
+	// that the bodies' figures stay theirs), within the same byte bound: a
+	// client chooses both, and every session of one endpoint repeats them.
+	addrs  bodies
 	cursor atomic.Uint64 // the shard where the next cross-shard eviction starts
 
 	evictedLen, evictedBytes atomic.Int64 // evictions by reason
@@ -108,9 +117,10 @@ type node[V any] struct {
 }
 
 // newTable returns a table bounded by maxLen entries and maxBytes of
-// distinct initialize bodies (each > 0). Entries' bodies must have been
-// acquired from t.bodies.
-func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool, keyOf func(*V) string, initOf func(*V) []byte) *table[V] {
+// distinct initialize bodies, Hosts and Paths (each > 0). Entries' bodies
+// must have been acquired from t.bodies, their Hosts and Paths from t.addrs.
+func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool, keyOf func(*V) string, initOf func(*V) []byte,
+	addrOf func(*V) (host, path string)) *table[V] {
 	shards := 1
 	for shards < maxShards && int64(shards)*2*minShardLen <= maxLen {
 		shards *= 2
@@ -124,8 +134,10 @@ func newTable[V any](maxLen, maxBytes int64, dead func(*V, int64) bool, keyOf fu
 		dead:     dead,
 		keyOf:    keyOf,
 		initOf:   initOf,
+		addrOf:   addrOf,
 	}
 	t.bodies.m = make(map[string]bodyRef)
+	t.addrs.m = make(map[string]bodyRef)
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]*node[V])
 	}
@@ -182,7 +194,24 @@ func (t *table[V]) removeLocked(s *tableShard[V], n *node[V]) {
 	delete(s.m, t.keyOf(&n.val))
 	t.n.Add(-1)
 	t.bodies.release(t.initOf(&n.val))
+	if t.addrOf != nil {
+		host, path := t.addrOf(&n.val)
+		t.addrs.releaseString(host)
+		t.addrs.releaseString(path)
+	}
 }
+
+// releaseRecord drops the references r holds (its body, Host and Path),
+// for a record acquired but never inserted.
+func (t *table[V]) releaseRecord(r *Record) {
+	t.bodies.release(r.Init)
+	t.addrs.releaseString(r.Host)
+	t.addrs.releaseString(r.Path)
+}
+
+// recordBytes is what r counts against a table's byte bound when nothing
+// it holds is shared: its body, Host and Path.
+func recordBytes(r *Record) int64 { return int64(len(r.Init) + len(r.Host) + len(r.Path)) }
 
 func (s *tableShard[V]) unlinkLocked(n *node[V]) {
 	if n.prev != nil {
@@ -214,7 +243,7 @@ func (t *table[V]) over() (reason string, ok bool) {
 	switch {
 	case t.n.Load() > t.maxLen:
 		return EvictMaxSessions, true
-	case t.bodies.total.Load() > t.maxBytes:
+	case t.bodies.total.Load()+t.addrs.total.Load() > t.maxBytes:
 		return EvictMaxInitBytes, true
 	}
 	return "", false
@@ -385,6 +414,43 @@ func (b *bodies) release(p []byte) {
 		delete(b.m, string(p))
 		b.total.Add(-int64(len(p)))
 	}
+}
+
+// acquireString is acquire for a string (a Host, a Path): it returns the
+// kept copy of s.
+func (b *bodies) acquireString(s string) string {
+	if s == "" {
+		return ""
+	}
+	kept := b.acquire(unsafe.Slice(unsafe.StringData(s), len(s)))
+	return unsafe.String(&kept[0], len(kept))
+}
+
+// sharedString is shared for a string.
+func (b *bodies) sharedString(s string) string {
+	if s == "" {
+		return ""
+	}
+	kept := b.shared(unsafe.Slice(unsafe.StringData(s), len(s)))
+	return unsafe.String(&kept[0], len(kept))
+}
+
+// releaseString is release for a string acquired with acquireString.
+func (b *bodies) releaseString(s string) {
+	if s != "" {
+		b.release(unsafe.Slice(unsafe.StringData(s), len(s)))
+	}
+}
+
+// swapString is a record's string going from cur (acquired) to next: the
+// kept copy of next, with cur's reference dropped, or cur itself when equal.
+func (b *bodies) swapString(cur, next string) string {
+	if next == cur {
+		return cur
+	}
+	kept := b.acquireString(next)
+	b.releaseString(cur)
+	return kept
 }
 
 // distinct returns the number of distinct bodies held.

@@ -114,7 +114,7 @@ func newTaskTable(maxLen int64) *table[taskEntry] {
 	return newTable(maxLen, math.MaxInt64,
 		func(e *taskEntry, now int64) bool { return now >= e.rec.Expires().UnixNano() },
 		func(e *taskEntry) string { return e.rec.TaskID },
-		func(*taskEntry) []byte { return nil })
+		func(*taskEntry) []byte { return nil }, nil)
 }
 
 // PutTask stores t (see TaskStore.PutTask). Past MaxTasks, the least
