@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,13 +30,16 @@ import (
 //	restart NAME       start NAME again on its address, with no sessions
 //	stats              one "stats NAME INITIALIZES CALLS LIVE_SESSIONS" line per backend, then "end"
 //
-// It exits when stdin closes or on SIGTERM.
+// It exits when stdin closes or on SIGTERM; on SIGTERM its backends stop as
+// Kill stops them, with -term-grace for the requests in flight (a pod's
+// process ending gracefully).
 func backendsCommand(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tetherbench backends", flag.ContinueOnError)
 	names := fs.String("names", "b0,b1,b2", "comma-separated backend names")
 	listen := fs.String("listen", "127.0.0.1:0", "comma-separated listen addresses, one per name (or one for all)")
 	namedIDs := fs.Bool("named-ids", false, "session ids start with the backend's name and a dot (what nginx OSS needs to route sessions; see docs/design.md#benchmark-anchors); "+
 		"these backends are a go-sdk server with the same tools as internal/mcpbackend, and cannot be killed")
+	termGrace := fs.Duration("term-grace", 0, "on SIGTERM, how long requests in flight may run on before every connection is cut (http.Server.Shutdown); 0 cuts them at once")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,6 +89,13 @@ func backendsCommand(ctx context.Context, args []string) error {
 		var line string
 		select {
 		case <-ctx.Done():
+			var wg sync.WaitGroup
+			for _, h := range bs {
+				if h.mb != nil {
+					wg.Go(func() { h.mb.Kill(*termGrace) })
+				}
+			}
+			wg.Wait()
 			return nil
 		case l, ok := <-lines:
 			if !ok {

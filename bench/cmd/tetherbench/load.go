@@ -58,6 +58,13 @@ type attackResult struct {
 // up to maxWorkers), so slow answers cannot slow the arrivals down
 // (coordinated omission). rate 0 is closed loop with maxWorkers workers.
 func attack(ctx context.Context, tr vegeta.Targeter, rate float64, dur time.Duration, maxWorkers uint64) attackResult {
+	return attackObserved(ctx, tr, rate, dur, maxWorkers, nil)
+}
+
+// attackObserved is attack that also hands each result, with the sample
+// made of it, to see (when not nil), in the order results arrive: for a
+// scenario that reads the answers' bodies, which samples do not keep.
+func attackObserved(ctx context.Context, tr vegeta.Targeter, rate float64, dur time.Duration, maxWorkers uint64, see func(*vegeta.Result, sample)) attackResult {
 	workers := uint64(16)
 	if rate == 0 {
 		workers = maxWorkers
@@ -93,6 +100,9 @@ func attack(ctx context.Context, tr vegeta.Targeter, rate float64, dur time.Dura
 			}
 		}
 		res.Samples = append(res.Samples, x)
+		if see != nil {
+			see(r, x)
+		}
 	}
 	return res
 }

@@ -3,7 +3,7 @@
 // summary, one SVG chart per scenario, the raw figures as JSON) and, with
 // -readme, replaces the figures block of bench/README.md.
 //
-//	tetherbench [report] [-full] [-out DIR] [-scenarios seed,overhead,failover,placement]
+//	tetherbench [report] [-full] [-out DIR] [-scenarios seed,overhead,failover,placement,rollout]
 //	tetherbench cpu [-tether A,B] [-rounds N]   proxy CPU per 1,000 follow-ups only, quickly
 //
 // The other commands are the roles it runs as separate processes:

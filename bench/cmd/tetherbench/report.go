@@ -30,6 +30,15 @@ type reportEnv struct {
 	// manySessions is how many live sessions tether's RSS is measured
 	// with in the overhead scenario (hack/sessionmem); 0 skips it.
 	manySessions int
+	// rollouts is how many times the rolling update runs in each mode,
+	// alternating.
+	rollouts int
+	// rolloutDrainRate is tether's --drain-rate in the proactive rollouts
+	// (0: tether's default).
+	rolloutDrainRate float64
+	// rolloutWaitMS makes the rolling update's calls stay in flight that
+	// long (the wait tool); 0: echo.
+	rolloutWaitMS int
 }
 
 func reportCommand(ctx context.Context, args []string) error {
@@ -37,19 +46,28 @@ func reportCommand(ctx context.Context, args []string) error {
 	full := fs.Bool("full", false, "longer runs and more rounds (make bench-full)")
 	out := fs.String("out", "results", "directory for the summary, charts and raw figures")
 	readme := fs.String("readme", "", "README whose figures block (between the markers) is replaced with the summary")
-	scenarios := fs.String("scenarios", "seed,overhead,failover,placement", "comma-separated scenarios to run")
+	scenarios := fs.String("scenarios", "seed,overhead,failover,placement,rollout", "comma-separated scenarios to run")
 	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")
 	profile := fs.Bool("profile", false, "also profile tether in-process under load (always on with -full)")
 	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs and configs")
 	manySessions := fs.Int("many-sessions", 100000, "live sessions tether's RSS is measured with in the overhead scenario (0 skips it)")
+	rollouts := fs.Int("rollouts", 1, "rolling updates per --drain mode (on-failure and proactive, alternating), each with fresh backends, tether and sessions (3 with -full unless set)")
+	rolloutDrainRate := fs.Float64("rollout-drain-rate", 0, "tether's --drain-rate in the proactive rolling updates (0: tether's default)")
+	rolloutWaitMS := fs.Int("rollout-wait-ms", 0, "the rolling update's calls stay in flight this long on the backend (its wait tool; 0: echo, which answers at once)")
 	failoverKills := fs.Int("failover-kills", 1, "graceful kills in the failover scenario per protocol (HTTP/1.1 and h2c), each a run of its own with fresh sessions (rare races need many; the abrupt kill runs once)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	set := map[string]string{} // the flags given, with their values
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = f.Value.String() })
+	_, rolloutsSet := set["rollouts"]
+	if *full && !rolloutsSet {
+		*rollouts = 3
+	}
 	if *failoverKills < 1 {
 		return fmt.Errorf("-failover-kills %d: want at least 1", *failoverKills)
 	}
-	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills, manySessions: *manySessions}
+	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills, manySessions: *manySessions, rollouts: *rollouts, rolloutDrainRate: *rolloutDrainRate, rolloutWaitMS: *rolloutWaitMS}
 	start := time.Now()
 	env.logf = func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -79,7 +97,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	for _, s := range strings.Split(*scenarios, ",") {
 		want[strings.TrimSpace(s)] = true
 	}
-	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Command: commandLine(*full), Full: *full, LoadBefore: loadAvg()}
+	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Machine: machine(), Command: commandLine(*full, *scenarios, set), Full: *full, LoadBefore: loadAvg()}
 	if l := loadAvg(); l > float64(runtime.NumCPU())/2 {
 		env.logf("warning: load average %.2f on %d cores before the run: other work will distort the figures", l, runtime.NumCPU())
 	}
@@ -120,6 +138,15 @@ func reportCommand(ctx context.Context, args []string) error {
 		r := runPlacement(env.full)
 		rep.Placement = r
 		writeSVG(env, "placement.svg", placementChart(r))
+	}
+	if want["rollout"] && ctx.Err() == nil {
+		env.logf("scenario 5: rolling update")
+		if r, err := runRollout(ctx, env); err != nil {
+			fail("rollout", err)
+		} else {
+			rep.Rollout = r
+			writeSVG(env, "rollout.svg", rolloutChart(r))
+		}
 	}
 	rep.Failed = failed
 	rep.LoadAfter = loadAvg()
@@ -169,6 +196,7 @@ type report struct {
 	Overhead              *overheadResult
 	Failover              *failoverResult
 	Placement             *placementResult
+	Rollout               *rolloutResult
 	Failed                []string
 }
 
@@ -198,6 +226,10 @@ func (r *report) markdown() string {
 	if r.Placement != nil {
 		b.WriteString("\n### 4. Placement quality\n\n![placement](results/placement.svg)\n\n")
 		b.WriteString(placementMarkdown(r.Placement))
+	}
+	if r.Rollout != nil {
+		b.WriteString("\n### 5. Rolling update\n\n![rollout](results/rollout.svg)\n\n")
+		b.WriteString(rolloutMarkdown(r.Rollout))
 	}
 	return b.String()
 }
@@ -236,6 +268,9 @@ func (r *report) targetsMarkdown() string {
 			}
 			row("0 errors on failover ("+k.Kind+", "+k.Proto+")", what, k.Errors == 0)
 		}
+	}
+	if r.Rollout != nil {
+		r.Rollout.rolloutTargets(row)
 	}
 	return b.String()
 }
@@ -281,7 +316,21 @@ func machine() string {
 	return fmt.Sprintf("%d × %s, Linux %s, %s", runtime.NumCPU(), cpu, strings.TrimSpace(string(kernel)), runtime.Version())
 }
 
-func commandLine(full bool) string {
+// commandLine is how the report was made: make's targets run every
+// scenario; a subset says which, and the rolling update's flags.
+func commandLine(full bool, scenarios string, set map[string]string) string {
+	if _, ok := set["scenarios"]; ok {
+		c := "go run ./cmd/tetherbench -scenarios " + scenarios
+		if full {
+			c += " -full"
+		}
+		for _, f := range []string{"rollouts", "rollout-drain-rate", "rollout-wait-ms"} {
+			if v, ok := set[f]; ok {
+				c += " -" + f + " " + v
+			}
+		}
+		return c
+	}
 	if full {
 		return "make bench-full"
 	}
