@@ -105,10 +105,12 @@ func TestKubernetesDiscovery(t *testing.T) {
 	phase("control plane and pods")
 
 	// tether starts before its Role is bound: the list is forbidden, and
-	// tether is alive but not ready.
+	// tether is alive but not ready. It keeps a terminating pod's sessions
+	// until the pod is gone (--drain on-failure), which this test pins;
+	// the proactive drain has its own (drain_test.go).
 	tether := startTether(t, os.Getenv(tetherBinEnv),
 		"--k8s-service", namespace+"/"+service, "--k8s-port", "mcp",
-		"--kubeconfig", env.Kubeconfig(tetherUser.Name))
+		"--kubeconfig", env.Kubeconfig(tetherUser.Name), "--drain", "on-failure")
 	tether.waitLog("the forbidden list", 30*time.Second, func(m map[string]any) bool {
 		return m["msg"] == "EndpointSlice list/watch failed, retrying" && strings.Contains(fmt.Sprint(m["err"]), "forbidden")
 	})

@@ -7,6 +7,7 @@ import "github.com/tether-mcp/tether/internal/server"
 type (
 	endpointView  = server.EndpointView
 	endpointsView = server.EndpointsView
+	drainView     = server.DrainView
 	sessionView   = server.SessionView
 	taskView      = server.TaskView
 	adminError    = server.AdminError

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
+	"github.com/tether-mcp/tether/internal/podcost"
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/session"
@@ -88,6 +89,16 @@ type config struct {
 	// ListenStreamWeight is what one subscriptions/listen stream adds to
 	// its backend's load (balancer.Options.ListenStreamWeight).
 	ListenStreamWeight float64
+	// Drain is what happens to a terminating backend's sessions
+	// (proxy.DrainModes), and DrainRate how many move per second off each.
+	Drain     string
+	DrainRate float64
+
+	// PodDeletionCost turns on the pod deletion cost writer
+	// (internal/podcost; needs K8sService); PodDeletionCostInterval is the
+	// least time between two of its passes.
+	PodDeletionCost         bool
+	PodDeletionCostInterval time.Duration
 }
 
 func defaultConfig() config {
@@ -117,6 +128,11 @@ func defaultConfig() config {
 		// session.DefaultMaxInitBytes.
 		MaxSessions:         session.DefaultMaxSessions,
 		MaxSessionInitBytes: session.DefaultMaxInitBytes,
+		Drain:               proxy.DrainModes[0],
+		DrainRate:           proxy.DefaultDrainRate,
+
+		// Why: see podcost.DefaultInterval.
+		PodDeletionCostInterval: podcost.DefaultInterval,
 	}
 }
 
@@ -134,6 +150,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.K8sService, "k8s-service", "", "NAMESPACE/NAME of the Service whose EndpointSlices are the backends")
 	fs.StringVar(&cfg.K8sPort, "k8s-port", "", "port NAME or NUMBER of the EndpointSlices (default: the only one)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+	fs.BoolVar(&cfg.PodDeletionCost, "pod-deletion-cost", false, "annotate the backend pods with controller.kubernetes.io/pod-deletion-cost = their live sessions, so that a ReplicaSet scaling down deletes the emptiest first (one replica at a time, by a Lease; needs --k8s-service and RBAC: deploy/components/pod-deletion-cost)")
+	fs.DurationVar(&cfg.PodDeletionCostInterval, "pod-deletion-cost-interval", cfg.PodDeletionCostInterval, "least time between two passes of --pod-deletion-cost (each changed pod is one patch, a write to etcd)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "URL of the shared session store: redis://, rediss://, redis+sentinel://, redis+cluster:// (see README; default: in-memory)")
 	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", cfg.RedisPrefix, "prefix of tether's Redis keys")
 	fs.DurationVar(&cfg.RedisTimeout, "redis-timeout", cfg.RedisTimeout, "budget of one Redis call; a slower Redis counts as down")
@@ -173,6 +191,8 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&cfg.HTTP2MaxConcurrentStreams, "http2-max-concurrent-streams", cfg.HTTP2MaxConcurrentStreams, "concurrent requests per h2c client connection")
 	fs.DurationVar(&cfg.ClientSendTimeout, "client-send-timeout", cfg.ClientSendTimeout, "time a client may take nothing of an answer being written to it before the write fails, the request is cancelled and the connection closed (nginx's send_timeout)")
 	fs.StringVar(&cfg.AffinityHeader, "affinity-header", "", "header (e.g. Mcp-Param-Workspace) whose value keys session-less MCP 2026-07-28 requests to one backend by consistent hashing with bounded loads (default: none)")
+	fs.StringVar(&cfg.Drain, "drain", cfg.Drain, "what happens to the sessions of a terminating backend: proactive (moved to others ahead of its exit, each at its first quiet moment) or on-failure (moved when a request finds it gone)")
+	fs.Float64Var(&cfg.DrainRate, "drain-rate", cfg.DrainRate, "sessions moved per second off each draining backend")
 	fs.Float64Var(&cfg.ListenStreamWeight, "listen-stream-weight", cfg.ListenStreamWeight, "what one open subscriptions/listen stream adds to its backend's load, next to 1 per request in flight (0: streams are placed by load but weigh nothing)")
 	fs.StringVar(&cfg.AffinityArgument, "affinity-argument", "", "the tools/call argument --affinity-header carries (e.g. workspace): tether checks the header against params.arguments.NAME and refuses a mismatch (required with --affinity-header)")
 	fs.Float64Var(&cfg.AffinityEpsilon, "affinity-epsilon", cfg.AffinityEpsilon, "ε of --affinity-header: no backend takes a keyed request while above (1+ε) × the mean in-flight load")
@@ -220,6 +240,10 @@ func (c config) validate() error {
 		return errors.New("no backends: set --backends (standalone) or --k8s-service (Kubernetes)")
 	case c.K8sService == "" && (c.K8sPort != "" || c.Kubeconfig != ""):
 		return errors.New("--k8s-port and --kubeconfig need --k8s-service")
+	case c.PodDeletionCost && c.K8sService == "":
+		return errors.New("--pod-deletion-cost needs --k8s-service: it annotates the pods behind that Service")
+	case c.PodDeletionCostInterval < time.Second:
+		return fmt.Errorf("--pod-deletion-cost-interval must be at least 1s, got %s", c.PodDeletionCostInterval)
 	case c.RedisURL == "" && c.RedisCA != "":
 		return errors.New("--redis-ca needs --redis-url")
 	case c.RedisTimeout <= 0:
@@ -266,6 +290,12 @@ func (c config) validate() error {
 		return fmt.Errorf("--affinity-header %s needs --affinity-argument: the tools/call argument it carries, which tether checks it against", c.AffinityHeader)
 	case c.AffinityHeader == "" && c.AffinityArgument != "":
 		return errors.New("--affinity-argument is only meaningful with --affinity-header")
+	}
+	if _, ok := proxy.ParseDrainMode(c.Drain); !ok {
+		return fmt.Errorf("--drain: want %s, got %q", strings.Join(proxy.DrainModes, " or "), c.Drain)
+	}
+	if !(c.DrainRate > 0 && c.DrainRate <= 100000) { // NaN too
+		return fmt.Errorf("--drain-rate: must be in (0, 100000] sessions per second, got %v", c.DrainRate)
 	}
 	if !(c.ListenStreamWeight >= 0 && c.ListenStreamWeight <= 1000) { // NaN too
 		return fmt.Errorf("--listen-stream-weight: must be in [0, 1000], got %v", c.ListenStreamWeight)

@@ -179,9 +179,15 @@ func adminURL(s string) (string, error) {
 // getAdmin GETs base+path into v. Errors are one line, for the command's
 // exit message.
 func getAdmin(ctx context.Context, base, path string, v any) error {
+	return callAdmin(ctx, http.MethodGet, base, path, v)
+}
+
+// callAdmin asks the admin listener at base and decodes its JSON answer
+// into v.
+func callAdmin(ctx context.Context, method, base, path string, v any) error {
 	ctx, cancel := context.WithTimeout(ctx, adminRequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, nil)
 	if err != nil {
 		return fmt.Errorf("admin %s: %w", base, err)
 	}
@@ -279,7 +285,12 @@ func writeDecision(w io.Writer, title string, d *proxy.Decision, ago func(time.T
 		return
 	}
 	what := "on " + d.Backend
-	if d.Reason != "" {
+	switch {
+	case d.From != "" && d.While == "operator":
+		what = "to " + d.Backend + ", moved off " + d.From + " while an operator drained it"
+	case d.From != "":
+		what = "to " + d.Backend + ", moved off " + d.From + " while it terminated"
+	case d.Reason != "":
 		what = "to " + d.Backend + " (" + d.Reason + ")"
 	}
 	fmt.Fprintf(w, "%s  %s, %s, status %d\n", title, what, ago(d.At), d.Status)
@@ -363,6 +374,26 @@ func writeStatus(w io.Writer, v endpointsView) {
 		fmt.Fprintf(w, "%-*s  %-7s  %8d  %5s  %9d\n", width, e.URL, e.State, e.Sessions, share, e.Inflight)
 	}
 	fmt.Fprintf(w, "%-*s  %-7s  %8d  %5s  %9d\n", width, fmt.Sprintf("%d endpoints", len(v.Endpoints)), "", total, "", inflight)
+	drained := false
+	for _, e := range v.Endpoints {
+		if e.Drain == nil {
+			continue
+		}
+		if !drained {
+			fmt.Fprintln(w)
+			drained = true
+		}
+		why := "it terminates"
+		if e.Drain.Reason == "operator" {
+			why = "an operator drains it"
+		}
+		progress := plural(e.Sessions, "session") + " left"
+		if e.Drain.EmptiedAfter > 0 {
+			progress = "emptied after " + e.Drain.EmptiedAfter.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "draining %s (%s) since %s: %s, %s by this replica\n",
+			e.URL, why, agoString(v.Now, e.Drain.Since), progress, plural(e.Drain.Moved, "session")+" moved")
+	}
 }
 
 // agoString is t, and how long before now it was.

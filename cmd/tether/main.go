@@ -64,6 +64,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		err = explainCommand(ctx, args, getenv, stdout, stderr)
 	case "status":
 		err = statusCommand(ctx, args, getenv, stdout, stderr)
+	case "drain":
+		err = drainCommand(ctx, args, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tether", version)
 	case "help":
@@ -101,6 +103,9 @@ func usage(w io.Writer) {
                            where a session lives, its record and backend, how it was placed
   tether status [--admin URL]
                            endpoints with state, live sessions and in-flight requests
+  tether drain BACKEND [--undo] [--admin URL]
+                           move a backend's sessions to the others, ahead of its exit
+                           (BACKEND: its URL or endpoint id, as status shows them)
 `)
 	fmt.Fprint(w, fullCommands["inject"].usage)
 	fmt.Fprint(w, fullCommands["webhook"].usage)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/server"
 	"github.com/tether-mcp/tether/internal/telemetry"
 )
@@ -68,6 +69,8 @@ func serverConfig(cfg config, log *slog.Logger) (server.Config, error) {
 		AffinityEpsilon:           cfg.AffinityEpsilon,
 		AffinityArgument:          cfg.AffinityArgument,
 		ListenStreamWeight:        cfg.ListenStreamWeight,
+		Drain:                     drainMode(cfg.Drain),
+		DrainRate:                 cfg.DrainRate,
 		BackendH2C:                cfg.BackendH2C,
 		ShutdownGrace:             cfg.ShutdownGrace,
 		Getenv:                    cfg.getenv,
@@ -82,6 +85,11 @@ func serverConfig(cfg config, log *slog.Logger) (server.Config, error) {
 	}
 	if sc.PrincipalKey, err = principalKey(cfg); err != nil {
 		return server.Config{}, err
+	}
+	if cfg.PodDeletionCost {
+		if sc.PodDeletionCost, err = podCostOptions(cfg); err != nil {
+			return server.Config{}, err
+		}
 	}
 	return sc, nil
 }
@@ -98,4 +106,10 @@ func listen(sc server.Config) (*server.Server, error) {
 		return nil, fmt.Errorf("%s: %w", flag, listenErr.Err)
 	}
 	return s, err
+}
+
+// drainMode is --drain, checked by validate.
+func drainMode(s string) proxy.DrainMode {
+	m, _ := proxy.ParseDrainMode(s)
+	return m
 }

@@ -108,6 +108,9 @@ type Balancer struct {
 	// ejections wakes Run, resting while no endpoint is ejected (capacity
 	// 1: one wake-up stands for any number of ejections).
 	ejections chan struct{}
+	// placements counts the reservations Place made: a placement that
+	// sees it move while it picks picks again (place.go).
+	placements atomic.Uint64
 
 	mu sync.Mutex
 }

@@ -12,8 +12,8 @@ import (
 //
 // A Balancer keeps the same *Endpoint for an ID across Update calls, so the
 // load counters survive endpoint-set rebuilds and callers may hold the pointer
-// for the length of a request or a session. ID and URL never change after
-// creation; everything else is safe for concurrent use. A zero Endpoint with
+// for the length of a request or a session. ID, URL and Pod never change
+// after creation; everything else is safe for concurrent use. A zero Endpoint with
 // ID and URL set is usable on its own (Ready, no load), which is handy for
 // tests of code that takes an *Endpoint.
 type Endpoint struct {
@@ -21,6 +21,9 @@ type Endpoint struct {
 	ID string
 	// URL is the base URL requests are forwarded to. Callers must not modify it.
 	URL *url.URL
+	// Pod is "namespace/name" of the endpoint's pod (discovery.Endpoint.Pod),
+	// "" when unknown. The ID holds the pod's UID, so it never changes.
+	Pod string
 
 	urlString string // URL.String(), computed once: String is used in logs and labels
 
@@ -29,6 +32,14 @@ type Endpoint struct {
 	sessions atomic.Int64
 	served   atomic.Uint64 // requests begun on the endpoint, ever: p2c's tie break
 	listens  atomic.Int64  // open subscriptions/listen streams (BeginListen minus EndListen)
+	// placing counts the placements in flight on the endpoint: sessions
+	// Place chose it for whose arrival the session count does not show
+	// yet (Placement.Release ends one).
+	placing atomic.Int64
+	// lost counts the sessions that the session count still holds on the
+	// endpoint although the endpoint has provably lost them, while their
+	// moves are in flight (Place's lostBy; Placement.Release ends one).
+	lost atomic.Int64
 	// listenWeight is what one listen stream adds to Load, in thousandths
 	// (Options.ListenStreamWeight); fixed when the Endpoint is made.
 	listenWeight int64
@@ -46,7 +57,7 @@ type Endpoint struct {
 }
 
 func newEndpoint(de discovery.Endpoint, listenWeight int64) *Endpoint {
-	e := &Endpoint{ID: de.ID, URL: de.URL, listenWeight: listenWeight}
+	e := &Endpoint{ID: de.ID, URL: de.URL, Pod: de.Pod, listenWeight: listenWeight}
 	ch := make(chan struct{})
 	e.departed.Store(&ch)
 	if de.URL != nil {
@@ -73,7 +84,10 @@ func (e *Endpoint) Inflight() int64 { return e.inflight.Load() }
 func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 
 // Load is the score the load-aware pickers minimise: sessions + inflight,
-// weighted 1:1.
+// weighted 1:1, where the sessions are those the endpoint holds or is
+// about to hold: the live-session count, plus the placements in flight
+// on it, minus the sessions it has provably lost whose moves are in flight
+// (Place).
 //
 // The two terms measure different horizons in the same unit. A session is
 // committed future work (its later requests and usually a long-lived GET
@@ -86,6 +100,14 @@ func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 // Any other ratio would be a tuning constant without a measurement behind it,
 // and integer addition keeps the comparison exact and cheap.
 //
+// The two corrections are Place's (place.go): a session placed and not
+// yet recorded by the session store counts on its endpoint from the pick
+// on, and a session its endpoint provably lost stops counting there while
+// its move is placed. Without them, the placements of a burst (every
+// session of a killed or restarted pod, moved at once) read the same
+// counts and herd. Place itself balances these sessions alone, with
+// in-flight requests only as a tie break: see there why.
+//
 // Open subscriptions/listen streams add their count times the listen
 // weight (Options.ListenStreamWeight, default 0), rounded down: a stream
 // is an idle channel, not work in flight, and with any weight above zero
@@ -93,11 +115,21 @@ func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 // that p2c settles by served count, which skews their spread (README,
 // "Listen streams").
 func (e *Endpoint) Load() int64 {
-	load := e.sessions.Load() + e.inflight.Load()
+	load := e.placeLoad() + e.inflight.Load()
 	if e.listenWeight != 0 {
 		load += e.listens.Load() * e.listenWeight / 1000
 	}
 	return load
+}
+
+// placeLoad is the part of Load that placements balance (Place): the
+// sessions the endpoint holds or is about to hold.
+func (e *Endpoint) placeLoad() int64 {
+	// The loss marks are of sessions the count holds; a re-base on the
+	// fleet count (proxy.RunLoadSync) may have dropped them first, when
+	// another replica moved them.
+	held := max(e.sessions.Load()-e.lost.Load(), 0)
+	return held + e.placing.Load()
 }
 
 // BeginListen records that a subscriptions/listen stream was opened on the
@@ -153,6 +185,15 @@ func (e *Endpoint) Served() uint64 { return e.served.Load() }
 
 // End records that a request begun with Begin has finished.
 func (e *Endpoint) End() { e.inflight.Add(-1) }
+
+// Placing is the number of placements in flight on the endpoint (Place):
+// sessions it was chosen for that its session count does not show yet.
+func (e *Endpoint) Placing() int64 { return e.placing.Load() }
+
+// LostInFlight is the number of sessions the endpoint has provably lost
+// whose moves are in flight (Place's lostBy): its session count still
+// holds them, its Load does not.
+func (e *Endpoint) LostInFlight() int64 { return e.lost.Load() }
 
 // AddSessions adjusts the live session count: +1 when a session is created on
 // the endpoint, -1 when it is deleted, expires or moves elsewhere. In tether

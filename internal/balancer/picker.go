@@ -88,17 +88,22 @@ func lessLoaded(a *Endpoint, aLoad int64, b *Endpoint, bLoad int64) bool {
 
 // sample draws two distinct candidates (len(cands) >= 2).
 func (p *p2c) sample(cands []*Endpoint) (first, second *Endpoint) {
-	n := len(cands)
+	i, j := p.sampleIndexes(len(cands))
+	return cands[i], cands[j]
+}
+
+// sampleIndexes draws two distinct indexes in [0, n), n >= 2.
+func (p *p2c) sampleIndexes(n int) (i, j int) {
 	// One draw over the n*(n-1) ordered pairs of distinct indices: k names
 	// the first sample i and, among the n-1 other slots, the second; skipping
 	// over i makes the samples distinct without a retry loop. A single draw
 	// instead of two saves about a fifth of the pick.
 	k := p.rnd(n * (n - 1))
-	i, j := k/(n-1), k%(n-1)
+	i, j = k/(n-1), k%(n-1)
 	if j >= i {
 		j++
 	}
-	return cands[i], cands[j]
+	return i, j
 }
 
 // pickExplained is Pick reporting the two samples it compared.
@@ -123,7 +128,9 @@ func (l *leastLoaded) pickExplained(cands []*Endpoint, weighed []Candidate) (*En
 	return l.Pick(cands), weighed
 }
 
-// Candidate is an endpoint a picker weighed, with the load it saw.
+// Candidate is an endpoint a picker weighed, with the load it saw: its
+// Load, or for a placement (Balancer.Place) the sessions it holds or is
+// about to hold.
 type Candidate struct {
 	Endpoint *Endpoint
 	Load     int64

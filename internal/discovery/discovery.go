@@ -42,6 +42,11 @@ type Endpoint struct {
 	URL *url.URL
 	// State says whether the endpoint takes new sessions.
 	State State
+	// Pod is "namespace/name" of the endpoint's pod (the EndpointSlice's
+	// targetRef), or "" when the source does not know it (static backends,
+	// an endpoint without a targetRef). The pod deletion cost writer
+	// (internal/podcost) annotates the pod it names.
+	Pod string
 }
 
 // Snapshot is the complete endpoint set at one moment. Endpoints are unique

@@ -139,8 +139,9 @@ func (p PortSelector) choosePort(ports []EndpointPort) (port EndpointPort, err e
 type merged struct {
 	// Snapshot holds the endpoints that are Ready or Fenced, sorted by ID.
 	Snapshot Snapshot
-	// Pods maps endpoint IDs to "namespace/name" of their pod (targetRef),
-	// for log lines; endpoints without a targetRef are absent.
+	// Pods maps endpoint IDs to "namespace/name" of their pod (targetRef,
+	// also each Endpoint's Pod), for log lines about endpoints that left;
+	// endpoints without a targetRef are absent.
 	Pods map[string]string
 	// Problems are the reasons slices or endpoints were left out (an
 	// unresolvable port, an unsupported address type, a bad address), one
@@ -168,7 +169,8 @@ type merged struct {
 //     order of the input;
 //   - the ID is targetRef.uid + "/" + host:port ("3f1c.../10.0.0.7:8080"),
 //     or host:port alone without a targetRef: an address reused by a new pod
-//     is a new endpoint.
+//     is a new endpoint; Pod is the targetRef's "namespace/name" (the
+//     slice's namespace when the reference has none).
 func mergeSlices(in []*EndpointSlice, sel PortSelector) merged {
 	sorted := slices.DeleteFunc(slices.Clone(in), func(s *EndpointSlice) bool { return s == nil })
 	slices.SortFunc(sorted, func(a, b *EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
@@ -220,6 +222,7 @@ func mergeSlices(in []*EndpointSlice, sel PortSelector) merged {
 				c.ep.ID = ref.UID + "/" + hostPort
 				if ref.Name != "" {
 					c.pod = cmp.Or(ref.Namespace, s.Namespace) + "/" + ref.Name
+					c.ep.Pod = c.pod
 				}
 			}
 			// Slices are visited in name order: the first of equal rank stays.

@@ -320,12 +320,21 @@ func TestMergeSlices(t *testing.T) {
 	}
 }
 
-// The pod names ride along for log lines.
+// The pod names ride along, on each endpoint (for the pod deletion cost
+// writer) and by ID (for log lines).
 func TestMergeSlicesPods(t *testing.T) {
 	m := mergeSlices([]*EndpointSlice{v4("a", mcpPort, ep{"10.0.0.1", "u1", condReady}, ep{"10.0.0.2", "", condReady})}, PortSelector{})
 	want := map[string]string{"u1/10.0.0.1:8080": "mcp/pod-10.0.0.1"}
 	if diff := cmp.Diff(m.Pods, want); diff != "" {
 		t.Errorf("pods (-got +want):\n%s", diff)
+	}
+	got := map[string]string{}
+	for _, e := range m.Snapshot.Endpoints {
+		got[e.ID] = e.Pod
+	}
+	want["10.0.0.2:8080"] = "" // no targetRef: no pod
+	if diff := cmp.Diff(got, want); diff != "" {
+		t.Errorf("Endpoint.Pod by ID (-got +want):\n%s", diff)
 	}
 }
 

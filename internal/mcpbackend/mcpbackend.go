@@ -55,6 +55,11 @@ type EchoOutput struct {
 	Backend string `json:"backend"`
 }
 
+// WaitInput is the argument of the wait tool.
+type WaitInput struct {
+	MS int `json:"ms"`
+}
+
 // Options configure a backend.
 type Options struct {
 	// Stateless serves every request on its own (go-sdk's
@@ -218,6 +223,18 @@ func (b *Backend) handler() (http.Handler, *mcp.Server) {
 		func(ctx context.Context, req *mcp.CallToolRequest, in EchoInput) (*mcp.CallToolResult, EchoOutput, error) {
 			b.Calls.Add(1)
 			return nil, EchoOutput{Text: in.Text, Backend: b.Name}, nil
+		})
+	mcp.AddTool(server, &mcp.Tool{Name: "wait", Description: "answer after ms milliseconds (at most 10 s): a call that stays in flight"},
+		func(ctx context.Context, req *mcp.CallToolRequest, in WaitInput) (*mcp.CallToolResult, WhoamiOutput, error) {
+			b.Calls.Add(1)
+			t := time.NewTimer(time.Duration(min(max(in.MS, 0), 10000)) * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return nil, WhoamiOutput{}, ctx.Err()
+			}
+			return nil, WhoamiOutput{Backend: b.Name}, nil
 		})
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{Stateless: b.opts.Stateless})

@@ -38,3 +38,7 @@ func writeRequestError(w http.ResponseWriter, id json.RawMessage, e *requestErro
 // errInitTooLarge refuses an initialize whose body exceeds MaxInitBody: the
 // body is stored with the session for its whole life.
 var errInitTooLarge = &requestError{http.StatusRequestEntityTooLarge, codeInvalidRequest, "initialize body too large"}
+
+// errInitAddressTooLong refuses an initialize whose Host or path the
+// session record could not keep (session.MaxAddressLen).
+var errInitAddressTooLong = &requestError{http.StatusBadRequest, codeInvalidRequest, "initialize Host or path longer than 8 KiB"}

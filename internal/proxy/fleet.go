@@ -19,6 +19,14 @@ type fleetCounter interface {
 // expiry). It returns at once for a store without fleet-wide counts (the
 // memory store: the counts kept from its changes are then exact),
 // otherwise when ctx ends.
+//
+// Only the session count is re-based. What placement adds to it and takes
+// off it (balancer.Place: the placements in flight, and the sessions a
+// backend provably lost whose moves are in flight) is this replica's own
+// knowledge, kept apart from the count, and the fleet count cannot hold
+// it: the store records a move only once it is done. So a re-base in the
+// middle of a burst of moves neither forgets the picks in flight nor puts
+// a restarted backend's lost sessions back on its load.
 func (p *Proxy) RunLoadSync(ctx context.Context, interval time.Duration) {
 	fc, ok := p.store.(fleetCounter)
 	if !ok {

@@ -415,6 +415,8 @@ func (p *Proxy) record(r *http.Request, x *exchange, out sentRequest, resp *h1.A
 			Init:            x.class.Body,
 			ProtocolVersion: strings.Clone(x.class.ProtocolVersion),
 			Principal:       p.principal.digest(out.header()),
+			Host:            strings.Clone(r.Host),
+			Path:            strings.Clone(r.URL.Path),
 			Created:         now,
 			LastUsed:        now,
 		}
@@ -559,9 +561,14 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		flush(w)
 	}
 	var err error
-	if x.class.Op == opListen && mode == flushEvents {
+	switch {
+	case x.class.Op == opListen && mode == flushEvents:
 		err = copyListen(w, resp.Body, *buf, x.ep.Departed())
-	} else {
+	case x.moved != nil && mode == flushEvents:
+		// A session's GET stream ends when a drain moves the session, so
+		// that its client opens it again, on the new backend.
+		err = copyListen(w, resp.Body, *buf, x.moved)
+	default:
 		err = copyBody(w, resp.Body, *buf, primed, primedErr, mode)
 	}
 	if err != nil {

@@ -68,6 +68,9 @@ type harnessOptions struct {
 	// servers that take MCP 2026-07-28 requests and sessionless legacy
 	// ones.
 	stateless bool
+	// drainRate is proxy.Config.DrainRate (0: the default); drains run in
+	// every harness (RunDrains), started by fence.
+	drainRate float64
 	// logTo receives tether's warnings and errors (when not verbose, where
 	// everything goes to stderr): a test prints them when it fails.
 	logTo io.Writer
@@ -149,7 +152,9 @@ func newTether(t testing.TB, urls []string, o harnessOptions) *harness {
 	}
 	t.Cleanup(func() { h.store.Close() })
 	h.proxy = proxy.New(proxy.Config{Balancer: h.bal, Store: h.store, Logger: log, MaxBody: o.maxBody,
-		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport, PrincipalHeaders: o.principalHeaders})
+		Metrics: h.metrics, Tracer: o.tracer, Transport: o.transport, PrincipalHeaders: o.principalHeaders,
+		DrainRate: o.drainRate})
+	go h.proxy.RunDrains(ctx)
 	if o.loadSync > 0 {
 		go h.proxy.RunLoadSync(ctx, o.loadSync)
 	}

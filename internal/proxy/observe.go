@@ -160,9 +160,13 @@ func candidatesAttr(weighed []balancer.Candidate) attribute.KeyValue {
 
 // Decision is one routing decision as `tether explain` shows it.
 type Decision struct {
-	Route      string      `json:"route"`
-	Backend    string      `json:"backend"`
-	Reason     string      `json:"reason,omitempty"`
+	Route   string `json:"route"`
+	Backend string `json:"backend"`
+	Reason  string `json:"reason,omitempty"`
+	// From and While, for a drain's move: the backend the session left,
+	// and why it drained (terminating, operator).
+	From       string      `json:"from,omitempty"`
+	While      string      `json:"while,omitempty"`
 	Candidates []candidate `json:"candidates,omitempty"`
 	Status     int         `json:"status"`
 	At         time.Time   `json:"at"`

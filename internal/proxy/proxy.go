@@ -29,6 +29,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/backend"
 	"github.com/tether-mcp/tether/internal/balancer"
+	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
@@ -105,6 +106,16 @@ type Config struct {
 	// argument: a mismatch is refused with 400 and HeaderMismatch (-32020)
 	// before any backend sees it. Required with AffinityHeader.
 	AffinityArgument string
+	// Drain is what happens to the sessions of a terminating (Fenced)
+	// endpoint (drain.go); endpoints an operator drains (OperatorDrained)
+	// are drained proactively whatever it says.
+	Drain DrainMode
+	// DrainRate bounds the sessions moved per second off each draining
+	// endpoint; 0 = DefaultDrainRate.
+	DrainRate float64
+	// OperatorDrained reports whether an operator drains the endpoint with
+	// this ID (discovery.Drains.Drained); nil = none is.
+	OperatorDrained func(id string) bool
 }
 
 // Proxy is an http.Handler that routes MCP traffic to backends.
@@ -142,6 +153,13 @@ type Proxy struct {
 	tasks session.TaskStore
 
 	flights singleflight.Group // one re-initialization per session at a time
+
+	// Drains (drain.go).
+	active          *activities // sessions with requests or streams in flight here
+	drains          drains
+	drainMode       DrainMode
+	drainRate       float64
+	operatorDrained func(id string) bool
 }
 
 // New builds a Proxy from cfg.
@@ -164,6 +182,12 @@ func New(cfg Config) *Proxy {
 
 		affinityHeader:   http.CanonicalHeaderKey(cfg.AffinityHeader),
 		affinityArgument: cfg.AffinityArgument,
+
+		active:          newActivities(),
+		drains:          drains{runs: map[string]*drainRun{}, changed: make(chan struct{}, 1)},
+		drainMode:       cfg.Drain,
+		drainRate:       cmp.Or(cfg.DrainRate, DefaultDrainRate),
+		operatorDrained: cfg.OperatorDrained,
 	}
 	p.tasks, _ = cfg.Store.(session.TaskStore)
 	if p.affinityHeader != "" && !p.bal.KeyAffinity() {
@@ -226,6 +250,11 @@ type exchange struct {
 	// taskID is the task a modern tasks/* request names, routed to the
 	// task's backend and never elsewhere ("" for any other request).
 	taskID string
+	// entered: the request is in its session's activity (drain.go), which
+	// it leaves when it ends; moved, for a GET stream, is closed when the
+	// session moves off the stream's backend.
+	entered bool
+	moved   <-chan struct{}
 
 	out   statusRecorder // the client's response writer, remembering the status
 	start time.Time
@@ -315,10 +344,21 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 		}
 		defer p.streams.release()
 	}
+	defer p.leaveSession(x)
 	if !p.route(w, r, x) {
 		return
 	}
 	p.forward(w, r, x)
+}
+
+// leaveSession ends the request's part in its session's activity.
+func (p *Proxy) leaveSession(x *exchange) {
+	if !x.entered {
+		return
+	}
+	if ep := p.active.leave(x.class.SessionID, x.class.Kind == kindStream); ep != nil {
+		p.wakeDrain(ep)
+	}
 }
 
 // route makes the routing decision (traced as tether.route). It reports
@@ -339,6 +379,11 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 			// The body is kept for the session's life and replayed: refused
 			// before it is stored or forwarded.
 			writeRequestError(w, x.class.ID, errInitTooLarge)
+			return false
+		}
+		if len(r.Host) > session.MaxAddressLen || len(r.URL.Path) > session.MaxAddressLen {
+			// Kept with the session, for a drain's replay.
+			writeRequestError(w, x.class.ID, errInitAddressTooLong)
 			return false
 		}
 	case x.class.Op == opTask && x.class.Era == eraModern && x.class.Kind == kindRequest && p.tasks != nil:
@@ -408,6 +453,14 @@ func (p *Proxy) pick(w http.ResponseWriter, x *exchange, span trace.Span) bool {
 // backend while it is an endpoint, else through a re-initialization. It
 // reports false when it has already answered the client.
 func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http.Request, x *exchange) bool {
+	// Entered before the record is read: a drain moving the session now
+	// is waited for, and none starts while the request is in flight.
+	stream := x.class.Kind == kindStream
+	moved, err := p.active.enter(ctx, x.class.SessionID, stream)
+	if err != nil {
+		return false // the client has gone
+	}
+	x.entered, x.moved = true, moved
 	rec, err := p.store.Get(ctx, x.class.SessionID)
 	switch {
 	case err == nil:
@@ -467,6 +520,13 @@ func (p *Proxy) routeSession(ctx context.Context, w http.ResponseWriter, r *http
 		return true
 	}
 	x.ep = ep
+	if stream {
+		p.active.streamOn(rec.ClientSID, ep)
+		p.keepStreamReplay(r, x)
+	}
+	if ep.State() == discovery.Fenced {
+		p.keepDrainReplay(r, x)
+	}
 	if err := p.store.Touch(ctx, rec.ClientSID, p.now()); err != nil && !errors.Is(err, session.ErrNotFound) {
 		p.log.Debug("session touch failed", "err", err)
 	}

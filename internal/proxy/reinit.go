@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -129,6 +130,9 @@ func (p *Proxy) reinitialize(ctx context.Context, r *http.Request, x *exchange, 
 type moved struct {
 	rec     *session.Record
 	weighed []balancer.Candidate
+	// adopted: another flight or replica had moved the session; rec is
+	// its result.
+	adopted bool
 }
 
 // moveSession re-initializes the session on a new backend: pick, replay
@@ -169,13 +173,15 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 		if ep, ok := p.bal.Lookup(cur.BackendID); ok && !ep.Ejected() {
 			result = "adopted"
 			step("adopt", attribute.String("tether.backend", cur.BackendURL))
-			return moved{rec: cur}, nil
+			return moved{rec: cur, adopted: true}, nil
 		}
 	}
 	exclude := rc.exclude
 	var lastErr error
 	for range maxAttempts {
-		ep, weighed, err := p.bal.PickExplained(exclude, m.weighed[:0])
+		placed, weighed, err := p.placeMove(stale, cur, exclude, &rc, m.weighed[:0])
+		defer placed.Release() // in ep's load until the Swap below is counted (or failed)
+		ep := placed.Endpoint
 		m.weighed = weighed
 		if err != nil {
 			return m, err
@@ -206,7 +212,7 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 			p.deleteBackendSession(ctx, ep, sid, rc)
 			if winner, ok := p.bal.Lookup(stored.BackendID); ok && !winner.Ejected() {
 				result = "adopted"
-				return moved{rec: stored}, nil
+				return moved{rec: stored, adopted: true}, nil
 			}
 			cur = stored
 			continue
@@ -216,7 +222,10 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 			return m, fmt.Errorf("swap session record: %w", err)
 		}
 		step("swapped", attribute.Int64("tether.record.version", int64(stored.Version)))
-		if old, ok := p.bal.Lookup(cur.BackendID); ok {
+		if old, ok := p.bal.Lookup(cur.BackendID); ok && rc.reason != reasonDrain {
+			// (A drain leaves the old copy to die with its pod: another
+			// replica may still have a request of the session in flight on
+			// it.)
 			// The superseded backend session would otherwise live on until
 			// the backend's idle timeout (or for ever): end it. Unless it is
 			// the new one: a backend that restarted with a counter for ids
@@ -225,7 +234,11 @@ func (p *Proxy) moveSession(ctx context.Context, stale *session.Record, rc repla
 				p.deleteLater(old, cur.BackendSID, rc)
 			}
 		}
-		p.log.Info("session re-initialized",
+		level := slog.LevelInfo
+		if rc.reason == reasonDrain {
+			level = slog.LevelDebug // a drain logs once per backend
+		}
+		p.log.Log(ctx, level, "session re-initialized",
 			"session", session.HashID(stored.ClientSID),
 			"reason", rc.reason,
 			"from", cur.BackendURL,

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/tether-mcp/tether/internal/proxy"
@@ -32,6 +33,10 @@ type EndpointView struct {
 	Inflight int64  `json:"inflight"`
 	// ListenStreams are the open subscriptions/listen streams (MCP 2026-07-28).
 	ListenStreams int64 `json:"listen_streams"`
+	// Draining: tether moves the endpoint's sessions elsewhere; Drain says
+	// since when, why, and how far this replica got.
+	Draining bool              `json:"draining"`
+	Drain    *proxy.DrainState `json:"drain,omitempty"`
 }
 
 // storeView is the session store's state.
@@ -51,6 +56,8 @@ type storeView struct {
 
 // EndpointsView is GET /debug/endpoints.
 type EndpointsView struct {
+	// Now is the replica's clock, so that "ago" is computed on one clock.
+	Now       time.Time      `json:"now"`
 	Balancer  string         `json:"balancer"`
 	Ready     bool           `json:"ready"`
 	Store     storeView      `json:"store"`
@@ -110,6 +117,9 @@ func (s *Server) adminHandler() http.Handler {
 	mux.Handle("GET /debug/sessions/{id}", loopbackOnly(http.HandlerFunc(s.debugSession)))
 	mux.Handle("GET /debug/endpoints", loopbackOnly(http.HandlerFunc(s.debugEndpoints)))
 	mux.Handle("GET /debug/tasks/{id}", loopbackOnly(http.HandlerFunc(s.debugTask)))
+	// `tether drain`: an operator drains a backend, or undoes it.
+	mux.Handle("POST /drain", loopbackOnly(http.HandlerFunc(s.setDrain)))
+	mux.Handle("DELETE /drain", loopbackOnly(http.HandlerFunc(s.setDrain)))
 	return mux
 }
 
@@ -153,7 +163,7 @@ func (s *Server) debugSession(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range s.Stats() {
 		if e.ID == rec.BackendID {
-			v.Backend = EndpointView(e)
+			v.Backend = s.endpointView(e)
 			break
 		}
 	}
@@ -216,7 +226,7 @@ func (s *Server) debugTask(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range s.Stats() {
 		if e.ID == rec.BackendID {
-			v.Backend = EndpointView(e)
+			v.Backend = s.endpointView(e)
 			break
 		}
 	}
@@ -241,17 +251,27 @@ func protocolVersion(rec *session.Record) string {
 	return init.Params.ProtocolVersion
 }
 
+func (s *Server) endpointView(e telemetry.EndpointStat) EndpointView {
+	v := EndpointView{ID: e.ID, URL: e.URL, State: e.State, Sessions: e.Sessions, Inflight: e.Inflight,
+		ListenStreams: e.ListenStreams, Draining: e.Draining}
+	if st, ok := s.proxy.Drain(e.ID); ok {
+		v.Drain = &st
+	}
+	return v
+}
+
 // debugEndpoints serves GET /debug/endpoints.
 func (s *Server) debugEndpoints(w http.ResponseWriter, r *http.Request) {
 	stats := s.Stats()
 	v := EndpointsView{
+		Now:       time.Now(),
 		Balancer:  s.cfg.Balancer,
 		Ready:     s.ready.Load(),
 		Store:     storeView{Kind: s.storeName()},
 		Endpoints: make([]EndpointView, len(stats)),
 	}
 	for i, e := range stats {
-		v.Endpoints[i] = EndpointView(e)
+		v.Endpoints[i] = s.endpointView(e)
 	}
 	if c, ok := s.store.(*session.Cache); ok {
 		st := c.Stats()
@@ -262,10 +282,9 @@ func (s *Server) debugEndpoints(w http.ResponseWriter, r *http.Request) {
 	writeAdminJSON(w, http.StatusOK, v)
 }
 
-// The debug endpoints show the metrics' view of each endpoint, so that one
-// place (EndpointStats) decides what "ejected" means; this conversion stops
-// the build if the two types drift apart.
-var _ = EndpointView(telemetry.EndpointStat{})
+// The debug endpoints show the metrics' view of each endpoint
+// (endpointView), so that one place (EndpointStats) decides what "ejected"
+// means.
 
 func writeAdminJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -289,4 +308,38 @@ func lookupFailed(w http.ResponseWriter, err error, what string) bool {
 		return false
 	}
 	return true
+}
+
+// DrainView is the answer to POST and DELETE /drain.
+type DrainView struct {
+	Backend  string `json:"backend"` // its URL
+	ID       string `json:"id"`
+	Draining bool   `json:"draining"`
+	Sessions int64  `json:"sessions"`
+}
+
+// setDrain serves POST /drain?backend=B (drain B: it takes no new session,
+// and its sessions move to others) and DELETE /drain?backend=B (undo). B is
+// an endpoint's ID or URL, as /debug/endpoints shows them.
+func (s *Server) setDrain(w http.ResponseWriter, r *http.Request) {
+	backend := r.URL.Query().Get("backend")
+	if backend == "" {
+		writeAdminJSON(w, http.StatusBadRequest, AdminError{Error: "the backend query parameter is required (an endpoint's id or url)"})
+		return
+	}
+	on := r.Method == http.MethodPost
+	e, ok := s.drains.Set(backend, on)
+	if !ok {
+		writeAdminJSON(w, http.StatusNotFound, AdminError{Error: "no endpoint has the id or url " + strconv.Quote(backend)})
+		return
+	}
+	v := DrainView{ID: e.ID, Draining: on, Backend: e.ID}
+	if e.URL != nil {
+		v.Backend = e.URL.String()
+	}
+	if ep, ok := s.bal.Lookup(e.ID); ok {
+		v.Sessions = ep.Sessions()
+	}
+	s.log.Info("operator drain", "backend", v.Backend, "draining", on)
+	writeAdminJSON(w, http.StatusOK, v)
 }

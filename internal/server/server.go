@@ -29,6 +29,7 @@ import (
 	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/discovery"
 	"github.com/tether-mcp/tether/internal/h1"
+	"github.com/tether-mcp/tether/internal/podcost"
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/session"
 	"github.com/tether-mcp/tether/internal/telemetry"
@@ -148,6 +149,15 @@ type Config struct {
 	// ListenStreamWeight is what one subscriptions/listen stream adds to
 	// its backend's load (balancer.Options.ListenStreamWeight; 0 nothing).
 	ListenStreamWeight float64
+	// Drain is what happens to a terminating endpoint's sessions, and
+	// DrainRate how many move per second off each (proxy.Config).
+	Drain     proxy.DrainMode
+	DrainRate float64
+	// PodDeletionCost, when set, runs the pod deletion cost writer
+	// (internal/podcost) while Run serves, from discovery's first snapshot
+	// until shutdown begins; its Sessions are the balancer's endpoints (set
+	// here). Its Logger defaults to Logger.
+	PodDeletionCost *podcost.Options
 
 	// HTTP2MaxConcurrentStreams bounds the concurrent requests of one h2c
 	// client connection; 0 is DefaultHTTP2MaxConcurrentStreams.
@@ -206,6 +216,11 @@ type Server struct {
 	transport backend.Transport
 	store     session.Store
 	proxy     *proxy.Proxy
+	// drains is the discovery source with the operator's drains on top
+	// (POST /drain).
+	drains *discovery.Drains
+	// podCost writes the backend pods' deletion cost; nil when off.
+	podCost *podcost.Writer
 
 	client, admin     *http.Server
 	front             *h1.Server // serves client with its configuration
@@ -253,7 +268,7 @@ func New(cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("server: %w", err)
 		}
 	}
-	s := &Server{cfg: cfg, log: log, synced: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, synced: make(chan struct{}), drains: discovery.NewDrains(cfg.Source)}
 	// undo stops what New started, in reverse, if New fails.
 	var undo []func()
 	defer func() {
@@ -266,6 +281,7 @@ func New(cfg Config) (_ *Server, err error) {
 
 	s.bal = balancer.New(balancer.Options{Picker: picker, Logger: log, Affinity: affinity, ListenStreamWeight: cfg.ListenStreamWeight, OnUpdate: func(eps []*balancer.Endpoint) {
 		s.metrics.RetainBackends(endpointURLs(eps))
+		s.proxy.EndpointsChanged() // (updates begin in Run, once the proxy exists)
 	}})
 	s.metrics = telemetry.NewMetrics(telemetry.MetricsOptions{
 		Endpoints: s.Stats,
@@ -309,6 +325,10 @@ func New(cfg Config) (_ *Server, err error) {
 		PrincipalHeaders: cfg.PrincipalHeaders,
 		AffinityHeader:   cfg.AffinityHeader,
 		AffinityArgument: cfg.AffinityArgument,
+
+		Drain:           cfg.Drain,
+		DrainRate:       cfg.DrainRate,
+		OperatorDrained: s.drains.Drained,
 	})
 
 	s.requestCtx, s.cancelRequests = context.WithCancel(context.Background())
@@ -349,6 +369,9 @@ func New(cfg Config) (_ *Server, err error) {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 
+	if s.podCost, err = s.newPodCost(); err != nil {
+		return nil, err
+	}
 	if s.clientLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, &ListenError{Err: err}
 	}
@@ -382,7 +405,13 @@ func (s *Server) LimitStats() telemetry.LimitStat { return s.proxy.LimitStats() 
 
 // Stats is the balancer's view of the endpoints, as /metrics and /debug
 // show it.
-func (s *Server) Stats() []telemetry.EndpointStat { return EndpointStats(s.bal) }
+func (s *Server) Stats() []telemetry.EndpointStat {
+	stats := EndpointStats(s.bal)
+	for i := range stats {
+		_, stats[i].Draining = s.proxy.Drain(stats[i].ID)
+	}
+	return stats
+}
 
 // Run serves until ctx ends, then shuts down gracefully: readiness off, no
 // new connections, in-flight requests and SSE streams get the grace period,
@@ -400,7 +429,7 @@ func (s *Server) Run(ctx context.Context) error {
 	discoveryErr := make(chan error, 1)
 	go func() {
 		var ready map[string]bool
-		discoveryErr <- s.cfg.Source.Run(bgCtx, func(snap discovery.Snapshot) {
+		discoveryErr <- s.drains.Run(bgCtx, func(snap discovery.Snapshot) {
 			s.bal.Update(snap)
 			ready = s.dropIdleOnDeparture(ready, snap)
 			s.syncedOnce.Do(func() { close(s.synced) })
@@ -408,6 +437,10 @@ func (s *Server) Run(ctx context.Context) error {
 	}()
 	go s.bal.Run(bgCtx)
 	go s.proxy.RunLoadSync(bgCtx, loadSyncInterval)
+	go s.proxy.RunDrains(bgCtx)
+	podCostCtx, stopPodCost := context.WithCancel(bgCtx)
+	defer stopPodCost()
+	podCostDone := s.runPodCost(podCostCtx)
 
 	serveErr := make(chan error, 2)
 	var serving sync.WaitGroup
@@ -435,6 +468,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	s.ready.Store(false)
+	// The Lease is handed over as the grace period begins, not after it:
+	// another replica goes on writing the pods' deletion cost at once.
+	stopPodCost()
 	s.log.Info("shutting down", "grace", s.cfg.ShutdownGrace.String())
 	s.shutdown()
 	// Shutdown closes only the listeners Serve has begun to track: a Run
@@ -444,6 +480,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.clientLn.Close()
 	s.adminLn.Close()
 	serving.Wait()
+	<-podCostDone
 	stopBackground()
 	if err := s.store.Close(); err != nil {
 		s.log.Warn("session store close", "err", err)

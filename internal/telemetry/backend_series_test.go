@@ -78,9 +78,9 @@ func TestBackendSeriesLeaveWithTheirEndpoints(t *testing.T) {
 			stray = e
 		}
 		// Requests through endpoint i added series (three request series
-		// plus its three gauges: sessions, in flight, listen streams); the
-		// ones of endpoint i-1 are gone.
-		if got, want := backendSeries(t, m), start+6+strays; got != want {
+		// plus its four gauges: sessions, in flight, listen streams,
+		// draining); the ones of endpoint i-1 are gone.
+		if got, want := backendSeries(t, m), start+7+strays; got != want {
 			t.Fatalf("rollout %d: %d per-backend series, want %d", i, got, want)
 		}
 	}

@@ -22,6 +22,7 @@ type Metrics struct {
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
 	reinits         *prometheus.CounterVec
+	drainDuration   prometheus.Histogram
 	pickDuration    prometheus.Histogram
 	storeDuration   *prometheus.HistogramVec
 	storeErrors     *prometheus.CounterVec
@@ -40,6 +41,9 @@ type EndpointStat struct {
 	ID, URL, State     string // State: ready, fenced, ejected
 	Sessions, Inflight int64
 	ListenStreams      int64 // open subscriptions/listen streams
+	// Draining: tether moves the endpoint's sessions elsewhere (it
+	// terminates, or an operator drains it).
+	Draining bool
 }
 
 // StoreStat is the session store's state at scrape time.
@@ -104,8 +108,13 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 	}, []string{"route"})
 	m.reinits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_reinitializations_total",
-		Help: "Transparent session re-initializations by reason (backend_gone, backend_ejected, dial_failed, session_lost) and result (ok, failed, adopted, refused: the request's credentials are not the session creator's).",
+		Help: "Transparent session re-initializations by reason (backend_gone, backend_ejected, dial_failed, session_lost, drain: moved ahead of its backend's exit) and result (ok, failed, adopted, refused: the request's credentials are not the session creator's).",
 	}, []string{"reason", "result"})
+	m.drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tether_drain_duration_seconds",
+		Help:    "Time from a backend's drain start until it held no session (one observation per drain that empties its backend).",
+		Buckets: []float64{.1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600},
+	})
 	m.pickDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "tether_pick_duration_seconds",
 		Help:    "Time the balancer took to choose a backend.",
@@ -128,7 +137,7 @@ func NewMetrics(opts MetricsOptions) *Metrics {
 		Name: "tether_limit_rejections_total",
 		Help: "Requests refused because a limit was reached, by limit (inflight_body, streams, body_timeout, body_size, ...).",
 	}, []string{"limit"})
-	m.Registry.MustRegister(m.requests, m.requestDuration, m.reinits, m.pickDuration,
+	m.Registry.MustRegister(m.requests, m.requestDuration, m.reinits, m.drainDuration, m.pickDuration,
 		m.storeDuration, m.storeErrors, m.storeDegraded, m.limitRejections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.tasks = newTaskMetrics(m.Registry)
@@ -282,6 +291,15 @@ func (m *Metrics) Reinit(reason, result string) {
 	m.reinits.WithLabelValues(reason, result).Inc()
 }
 
+// DrainEmptied records that a drained backend held no session any more, d
+// after its drain began.
+func (m *Metrics) DrainEmptied(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.drainDuration.Observe(d.Seconds())
+}
+
 // Pick records a balancer decision's duration.
 func (m *Metrics) Pick(d time.Duration) {
 	if m == nil {
@@ -324,6 +342,8 @@ var (
 		"Requests in flight per backend (GET streams excluded).", []string{"backend"}, nil)
 	listenStreamsDesc = prometheus.NewDesc("tether_backend_listen_streams",
 		"Open subscriptions/listen streams per backend (MCP 2026-07-28), counted apart from requests in flight.", []string{"backend"}, nil)
+	drainingDesc = prometheus.NewDesc("tether_backend_draining",
+		"1 while tether moves the backend's sessions to others (it terminates, or an operator drains it), else 0.", []string{"backend"}, nil)
 	endpointsDesc = prometheus.NewDesc("tether_endpoints",
 		"Endpoints by state: ready (takes new sessions), fenced (terminating: keeps its sessions), ejected (failing dials).", []string{"state"}, nil)
 )
@@ -332,6 +352,7 @@ func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sessionsDesc
 	ch <- inflightDesc
 	ch <- listenStreamsDesc
+	ch <- drainingDesc
 	ch <- endpointsDesc
 }
 
@@ -341,6 +362,11 @@ func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(e.Sessions), e.URL)
 		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(e.Inflight), e.URL)
 		ch <- prometheus.MustNewConstMetric(listenStreamsDesc, prometheus.GaugeValue, float64(e.ListenStreams), e.URL)
+		draining := 0.0
+		if e.Draining {
+			draining = 1
+		}
+		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, draining, e.URL)
 		states[e.State]++
 	}
 	for state, n := range states {
