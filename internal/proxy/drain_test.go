@@ -218,6 +218,34 @@ func (h *harness) rawWhoami(sid string, hdr ...string) (string, error) {
 	return "", fmt.Errorf("whoami: no backend named in %s", body)
 }
 
+// openStream opens session sid's GET stream through tether (with the extra
+// header pairs) and reads it to its end in the background: the channel
+// gets the read's error when the stream ends. It is closed when the test
+// ends.
+func (h *harness) openStream(sid string, hdr ...string) <-chan error {
+	h.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, h.endpoint(), nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", sid)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("GET stream: %d", resp.StatusCode)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, bufio.NewReader(resp.Body))
+		ended <- err
+	}()
+	return ended
+}
+
 // A session's GET stream through tether ends once a drain has moved the
 // session, so that its client opens it again, on the new backend.
 func TestDrainEndsStreamAfterMove(t *testing.T) {
@@ -227,23 +255,7 @@ func TestDrainEndsStreamAfterMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest(http.MethodGet, h.endpoint(), nil)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Session-Id", sid)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET stream: %d", resp.StatusCode)
-	}
-	ended := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(io.Discard, bufio.NewReader(resp.Body))
-		ended <- err
-	}()
-
+	ended := h.openStream(sid)
 	h.fence(h.backend(name).URL())
 	select {
 	case err := <-ended:
@@ -468,23 +480,7 @@ func TestDrainMovesWithStreamCredentials(t *testing.T) {
 	a, b := h.backends[0], h.backends[1]
 	h.fence(b.URL())
 	alice := h.openSession("Authorization", "Bearer alice")
-	req, _ := http.NewRequest(http.MethodGet, h.endpoint(), nil)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Session-Id", alice)
-	req.Header.Set("Authorization", "Bearer alice")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET stream: %d", resp.StatusCode)
-	}
-	ended := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(io.Discard, resp.Body)
-		ended <- err
-	}()
+	ended := h.openStream(alice, "Authorization", "Bearer alice")
 	h.fence(a.URL())
 	select {
 	case <-ended:
