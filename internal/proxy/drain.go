@@ -89,9 +89,14 @@ const (
 	// when nothing woke it: sessions that were busy or waited for their
 	// credentials, and other replicas' moves.
 	drainRelist = time.Second
-	// drainGateWait is the most a request of a session that a drain holds
-	// back may wait for it (activity.gate).
-	drainGateWait = time.Second
+	// drainGateAfter is how long a drain lets a session stay busy before
+	// it holds the session's new requests back (activity.gate), and
+	// drainGateWait the most one of them may wait there.
+	drainGateAfter = 500 * time.Millisecond
+	drainGateWait  = time.Second
+	// drainPassGap is the least time between two passes: the ends of
+	// requests wake the drain many times a second.
+	drainPassGap = 50 * time.Millisecond
 )
 
 // drainRun is the drain of one backend.
@@ -249,6 +254,13 @@ func (p *Proxy) drain(ctx context.Context, run *drainRun) {
 		case <-ctx.Done():
 			return
 		case <-run.wake:
+			gap := time.NewTimer(drainPassGap)
+			select {
+			case <-ctx.Done():
+				gap.Stop()
+				return
+			case <-gap.C:
+			}
 		case <-t.C:
 		}
 	}
@@ -408,10 +420,11 @@ type activity struct {
 	// leave it a quiet moment: a session that is never quiet otherwise
 	// would never move. Closed when the move begins or the drain gives up.
 	gate chan struct{}
-	// busy counts the drain's attempts that found requests in flight;
+	// busySince is when a drain first found requests of the session in
+	// flight, and gateSince when it set the gate (Unix ns, 0: not);
 	// waker is the draining backend to wake when they have ended.
-	busy  uint8
-	waker *balancer.Endpoint
+	busySince, gateSince int64
+	waker                *balancer.Endpoint
 	// moved is closed when the session moves off the backend of its
 	// streams, which then end; nil while no stream is open.
 	moved chan struct{}
@@ -430,15 +443,22 @@ func (a *activity) idle() bool {
 
 // noteBusy records that a drain of ep found requests of the session in
 // flight (see beginMove).
+//
+// The gate's cycle runs on time, not on the drain's passes, which the ends
+// of requests wake many times a second: busy for drainGateAfter, the
+// session gets the gate; gated for drainGateWait and busy still (a call
+// longer than that), the gate opens and the cycle starts over.
 func (a *activity) noteBusy(ep *balancer.Endpoint) {
+	now := time.Now().UnixNano()
 	a.waker = ep
-	a.busy++
 	switch {
-	case a.busy == 2 && a.gate == nil:
-		a.gate = make(chan struct{})
-	case a.busy > 2:
+	case a.busySince == 0:
+		a.busySince = now
+	case a.gate == nil && now-a.busySince >= int64(drainGateAfter):
+		a.gate, a.gateSince = make(chan struct{}), now
+	case a.gate != nil && now-a.gateSince >= int64(drainGateWait):
 		a.openGate()
-		a.busy = 0
+		a.busySince = now
 	}
 }
 
@@ -603,10 +623,8 @@ func (t *activities) keepStreamReplay(sid string, rc *replayContext) {
 
 // beginMove marks sid as moving, for a drain of ep, unless a request of
 // it is in flight (or a move already runs), and reports whether it did.
-// A session found busy wakes the drain when its requests have ended; found
-// busy again, it gets a gate that holds its new requests back until then
-// (drainGateWait each at most); found busy a third time (a request longer
-// than that), the gate opens and the cycle starts over.
+// A session found busy wakes the drain when its requests have ended, and
+// may get a gate that holds its new requests back until then (noteBusy).
 func (t *activities) beginMove(sid string, ep *balancer.Endpoint) bool {
 	sh := t.shard(sid)
 	sh.mu.Lock()
@@ -621,7 +639,7 @@ func (t *activities) beginMove(sid string, ep *balancer.Endpoint) bool {
 		return false
 	}
 	a.openGate()
-	a.busy, a.waker = 0, nil
+	a.busySince, a.waker = 0, nil
 	a.moving = make(chan struct{})
 	sh.m[sid] = a
 	return true
@@ -694,7 +712,7 @@ func (t *activities) dropReplays(ep *balancer.Endpoint) {
 		sh.mu.Lock()
 		for sid, a := range sh.m {
 			if (a.replay != nil && a.replay.exclude == ep) || a.waker == ep {
-				a.replay, a.waker, a.busy = nil, nil, 0
+				a.replay, a.waker, a.busySince = nil, nil, 0
 				a.openGate()
 				if a.idle() {
 					delete(sh.m, sid)
