@@ -77,8 +77,8 @@ fuzz:
 # bin/tether has every command; bin/tether-sidecar is the image's binary
 # (serve, explain, status and version only).
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether
-	CGO_ENABLED=0 $(GO) build -tags tether_sidecar -trimpath -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether-sidecar ./cmd/tether
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether
+	CGO_ENABLED=0 $(GO) build -tags tether_sidecar -trimpath -buildvcs=auto -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether-sidecar ./cmd/tether
 
 # The container images (need a Docker engine; the Dockerfile's builds are
 # tested without one by cmd/tether/dockerfile_test.go): the sidecar's

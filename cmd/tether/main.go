@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"syscall"
 )
@@ -67,7 +68,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case "drain":
 		err = drainCommand(ctx, args, getenv, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "tether", version)
+		info, _ := debug.ReadBuildInfo()
+		writeVersion(stdout, version, info, len(fullCommands) == 0)
 	case "help":
 		usage(stdout)
 	default:
@@ -109,7 +111,7 @@ func usage(w io.Writer) {
 `)
 	fmt.Fprint(w, fullCommands["inject"].usage)
 	fmt.Fprint(w, fullCommands["webhook"].usage)
-	fmt.Fprint(w, `  tether version           print the version
+	fmt.Fprint(w, `  tether version           print the version, commit, Go version and build
 `)
 }
 
