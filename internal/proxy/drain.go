@@ -588,15 +588,22 @@ func (t *activities) streamOn(sid string, ep *balancer.Endpoint) {
 	sh.mu.Unlock()
 }
 
-// keepReplay keeps rc for sid's move (its backend drains).
-func (t *activities) keepReplay(sid string, rc *replayContext) {
+// keepReplay keeps rc for sid's move: while its GET streams last
+// (stream), or until the move (its backend drains).
+func (t *activities) keepReplay(sid string, rc *replayContext, stream bool) {
 	sh := t.shard(sid)
 	sh.mu.Lock()
-	if a, ok := sh.m[sid]; ok {
-		a.replay = rc
-		sh.m[sid] = a
+	defer sh.mu.Unlock()
+	a, ok := sh.m[sid]
+	if !ok || (stream && a.streams == 0) {
+		return // the request or stream has ended
 	}
-	sh.mu.Unlock()
+	if stream {
+		a.streamReplay = rc
+	} else {
+		a.replay = rc
+	}
+	sh.m[sid] = a
 }
 
 func (t *activities) replay(sid string) *replayContext {
@@ -608,17 +615,6 @@ func (t *activities) replay(sid string) *replayContext {
 		return a.replay
 	}
 	return a.streamReplay
-}
-
-// keepStreamReplay keeps rc while sid's GET streams last.
-func (t *activities) keepStreamReplay(sid string, rc *replayContext) {
-	sh := t.shard(sid)
-	sh.mu.Lock()
-	if a, ok := sh.m[sid]; ok && a.streams > 0 {
-		a.streamReplay = rc
-		sh.m[sid] = a
-	}
-	sh.mu.Unlock()
 }
 
 // beginMove marks sid as moving, for a drain of ep, unless a request of
@@ -725,36 +721,37 @@ func (t *activities) dropReplays(ep *balancer.Endpoint) {
 	}
 }
 
-// keepStreamReplay keeps the credentials of a GET stream of a session bound
-// to them, checked as keepDrainReplay checks them, for as long as the
-// stream lasts: a drain that begins meanwhile moves the session with them.
+// keepStreamReplay keeps, while a GET stream of x's session lasts, what a
+// drain that begins meanwhile will replay (creatorReplay).
 func (p *Proxy) keepStreamReplay(r *http.Request, x *exchange) {
-	if x.rec.Principal == "" && x.rec.Path != "" {
-		return // the record suffices
+	if rc, ok := p.creatorReplay(r, x); ok {
+		p.active.keepReplay(x.rec.ClientSID, rc, true)
 	}
-	if !p.principal.matches(x.rec.Principal, x.header) {
-		return
-	}
-	rc := p.replayContextOf(r.Host, r.URL.Path, x.header, x, reasonDrain)
-	rc.exclude = x.ep
-	p.active.keepStreamReplay(x.rec.ClientSID, &rc)
 }
 
 // keepDrainReplay keeps what the move of x's session will replay, if its
-// backend drains and its record does not suffice: the request's
-// credentials, once they are shown to be the session creator's (anyone
-// else's would hand the session over to them).
+// backend drains (creatorReplay).
 func (p *Proxy) keepDrainReplay(r *http.Request, x *exchange) {
 	if _, ok := p.draining(x.ep); !ok {
 		return
 	}
+	if rc, ok := p.creatorReplay(r, x); ok {
+		p.active.keepReplay(x.rec.ClientSID, rc, false)
+	}
+}
+
+// creatorReplay is what a move of x's session replays when its record
+// does not suffice: the request's credentials, once they are shown to be
+// the session creator's (anyone else's would hand the session over to
+// them).
+func (p *Proxy) creatorReplay(r *http.Request, x *exchange) (*replayContext, bool) {
 	if x.rec.Principal == "" && x.rec.Path != "" {
-		return // the record suffices
+		return nil, false // the record suffices
 	}
 	if !p.principal.matches(x.rec.Principal, x.header) {
-		return
+		return nil, false
 	}
 	rc := p.replayContextOf(r.Host, r.URL.Path, x.header, x, reasonDrain)
 	rc.exclude = x.ep
-	p.active.keepReplay(x.rec.ClientSID, &rc)
+	return &rc, true
 }
