@@ -11,7 +11,7 @@ import (
 )
 
 // What a WAIT for one replica would add to a session write (tether does
-// not WAIT: see README, "Running Redis for tether"): a record write alone,
+// not WAIT: see docs/operations.md, "Running Redis for tether"): a record write alone,
 // and followed by WAIT 1 on the same connection (one pipeline), on a
 // Sentinel-managed primary with one replica over loopback.
 //
