@@ -31,6 +31,7 @@ type config struct {
 	K8sService    string
 	K8sPort       string
 	Kubeconfig    string
+	KubeContext   string // full build only (kubeconfig_full.go)
 	RedisURL      string
 	RedisPrefix   string
 	RedisTimeout  time.Duration
@@ -150,6 +151,7 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&cfg.K8sService, "k8s-service", "", "NAMESPACE/NAME of the Service whose EndpointSlices are the backends")
 	fs.StringVar(&cfg.K8sPort, "k8s-port", "", "port NAME or NUMBER of the EndpointSlices (default: the only one)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+	kubeContextFlag(fs, &cfg)
 	fs.BoolVar(&cfg.PodDeletionCost, "pod-deletion-cost", false, "annotate the backend pods with controller.kubernetes.io/pod-deletion-cost = their live sessions, so that a ReplicaSet scaling down deletes the emptiest first (one replica at a time, by a Lease; needs --k8s-service and RBAC: deploy/components/pod-deletion-cost)")
 	fs.DurationVar(&cfg.PodDeletionCostInterval, "pod-deletion-cost-interval", cfg.PodDeletionCostInterval, "least time between two passes of --pod-deletion-cost (each changed pod is one patch, a write to etcd)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", "", "URL of the shared session store: redis://, rediss://, redis+sentinel://, redis+cluster:// (see README; default: in-memory)")
@@ -240,6 +242,8 @@ func (c config) validate() error {
 		return errors.New("no backends: set --backends (standalone) or --k8s-service (Kubernetes)")
 	case c.K8sService == "" && (c.K8sPort != "" || c.Kubeconfig != ""):
 		return errors.New("--k8s-port and --kubeconfig need --k8s-service")
+	case c.K8sService == "" && c.KubeContext != "":
+		return errors.New("--kube-context needs --k8s-service")
 	case c.PodDeletionCost && c.K8sService == "":
 		return errors.New("--pod-deletion-cost needs --k8s-service: it annotates the pods behind that Service")
 	case c.PodDeletionCostInterval < time.Second:

@@ -8,15 +8,15 @@ import (
 )
 
 // podCostOptions configures the pod deletion cost writer
-// (--pod-deletion-cost). Its API client is built by the discovery source's
-// rules (--kubeconfig, else in-cluster, ...); the Lease names this replica
+// (--pod-deletion-cost). Its API client is the discovery source's
+// (newKubeAPI: --kubeconfig, else in-cluster, ...); the Lease names this replica
 // by $POD_NAME (the downward API), else the host name.
 func podCostOptions(cfg config) (*podcost.Options, error) {
 	svc, err := discovery.ParseServiceRef(cfg.K8sService)
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-service %w", err)
 	}
-	api, err := discovery.KubeRequester(cfg.Kubeconfig, "tether/"+version)
+	api, err := newKubeAPI(cfg.Kubeconfig, cfg.KubeContext, "tether/"+version)
 	switch {
 	case err != nil && cfg.Kubeconfig != "":
 		return nil, fmt.Errorf("--pod-deletion-cost: --kubeconfig: %w", err)

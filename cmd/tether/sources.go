@@ -21,7 +21,7 @@ func newSource(cfg config, log *slog.Logger) (discovery.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--k8s-port %w", err)
 	}
-	client, err := discovery.KubeClient(cfg.Kubeconfig, "tether/"+version)
+	client, err := newKubeAPI(cfg.Kubeconfig, cfg.KubeContext, "tether/"+version)
 	switch {
 	case err != nil && cfg.Kubeconfig != "":
 		return nil, fmt.Errorf("--kubeconfig: %w", err)

@@ -43,8 +43,33 @@ import (
 // once.
 //
 // userAgent identifies tether in the API server's logs and audit.
-func KubeClient(kubeconfig, userAgent string) (EndpointSliceClient, error) {
+//
+// This is the sidecar build's loader; the full build loads with client-go
+// instead and hands the result to NewKubeAPI.
+func KubeClient(kubeconfig, userAgent string) (KubeAPI, error) {
 	return newKubeClient(kubeconfig, userAgent, hostEnv())
+}
+
+// KubeAPI is tether's client to the API server: list and watch of
+// EndpointSlices for discovery, and single requests for the pod deletion
+// cost.
+type KubeAPI interface {
+	EndpointSliceClient
+	Requester
+}
+
+// NewKubeAPI builds the client over hc, whose transport already carries
+// the TLS configuration and the credentials of every request: the full
+// build makes it with client-go's clientcmd and rest.HTTPClientFor, which
+// run exec credential plugins and auth-provider plugins, rotate client
+// certificates and honour proxy-url (code the sidecar does not link).
+// server is the API server's URL, with its path prefix if any.
+func NewKubeAPI(server string, hc *http.Client, userAgent string) (KubeAPI, error) {
+	base, err := parseServer(server)
+	if err != nil {
+		return nil, err
+	}
+	return newAPIClient(base, hc, userAgent), nil
 }
 
 // inClusterDir is where the kubelet mounts the service account's token and
@@ -377,9 +402,9 @@ func present(n yaml.Node) bool { return !n.IsZero() && n.Tag != "!!null" }
 
 // client builds the HTTP client for cfg.
 func (cfg *clientConfig) client(userAgent string, now func() time.Time) (*apiClient, error) {
-	base, err := url.Parse(cfg.Server)
-	if err != nil || (base.Scheme != "https" && base.Scheme != "http") || base.Host == "" {
-		return nil, fmt.Errorf("server %q: want an http or https URL", cfg.Server)
+	base, err := parseServer(cfg.Server)
+	if err != nil {
+		return nil, err
 	}
 	tlsConfig := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
@@ -413,13 +438,7 @@ func (cfg *clientConfig) client(userAgent string, now func() time.Time) (*apiCli
 		// a minute instead of at the watch's deadline; client-go's values.
 		HTTP2: &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
 	}
-	c := &apiClient{
-		base:      base,
-		http:      &http.Client{Transport: transport},
-		userAgent: userAgent,
-		maxList:   maxListBytes,
-		maxEvent:  maxEventBytes,
-	}
+	c := newAPIClient(base, &http.Client{Transport: transport}, userAgent)
 	switch {
 	case cfg.Token != "":
 		token := cfg.Token
@@ -480,4 +499,22 @@ func (f *fileToken) get() (string, error) {
 		return "", fmt.Errorf("token file %s is empty", f.path)
 	}
 	return f.token, nil
+}
+
+func parseServer(server string) (*url.URL, error) {
+	base, err := url.Parse(server)
+	if err != nil || (base.Scheme != "https" && base.Scheme != "http") || base.Host == "" {
+		return nil, fmt.Errorf("server %q: want an http or https URL", server)
+	}
+	return base, nil
+}
+
+func newAPIClient(base *url.URL, hc *http.Client, userAgent string) *apiClient {
+	return &apiClient{
+		base:      base,
+		http:      hc,
+		userAgent: userAgent,
+		maxList:   maxListBytes,
+		maxEvent:  maxEventBytes,
+	}
 }
