@@ -510,3 +510,34 @@ func TestStreamCapCountsListenStreams(t *testing.T) {
 	open[0].Body.Close()
 	testkit.Eventually(t, 10*time.Second, func() bool { return s.LimitStats().OpenStreams == maxStreams-1 }, "the closed listen stream's slot freed")
 }
+
+// An initialize over --max-init-body, or sent to a Host or path too long
+// to keep with its session, is refused before it is stored or forwarded,
+// and counted with the other limits.
+func TestInitializeLimitsCounted(t *testing.T) {
+	backend := testkit.PingBackend(t)
+	s := startServerWith(t, func(c *config) { c.MaxInitBody = 1024 }, backend.URL)
+	url := "http://" + s.ClientAddr().String() + "/mcp"
+	big := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"` + strings.Repeat("x", 2048) + `","version":"1"}}}`
+	resp, err := http.Post(url, "application/json", strings.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefusal(t, resp, http.StatusRequestEntityTooLarge, false)
+	resp.Body.Close()
+
+	small := `{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`
+	resp, err = http.Post(url+"/"+strings.Repeat("p", 9000), "application/json", strings.NewReader(small))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefusal(t, resp, http.StatusBadRequest, false)
+	resp.Body.Close()
+
+	text := metricsText(t, s)
+	for _, series := range []string{`tether_limit_rejections_total{limit="init_body_size"}`, `tether_limit_rejections_total{limit="init_address"}`} {
+		if got := metricValue(text, series); got != 1 {
+			t.Errorf("%s = %v, want 1", series, got)
+		}
+	}
+}

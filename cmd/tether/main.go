@@ -78,9 +78,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		case ok:
 			err = c.run(ctx, args, getenv, os.Stdin, stdout, stderr)
 		case slices.Contains(fullOnly, cmd):
-			err = fmt.Errorf("%s is not in this build of tether (the sidecar build, -tags tether_sidecar, has serve, explain, status and version; the full build has every command)", cmd)
+			err = fmt.Errorf("%s is not in this build of tether (the sidecar build, -tags tether_sidecar, has serve, explain, status, drain and version; the full build has every command)", cmd)
 		default:
-			err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, inject, webhook, version or help)", cmd)
+			err = fmt.Errorf("unknown command %q (want serve, demo, explain, status, drain, inject, webhook, version or help)", cmd)
 		}
 	}
 	switch {

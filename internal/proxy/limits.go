@@ -57,6 +57,10 @@ const (
 	limitStreams      = "streams"
 	limitBodyTimeout  = "body_timeout"
 	limitBodySize     = "body_size"
+	// limitInitBody is --max-init-body, and limitInitAddress the 8 KiB
+	// bound on an initialize's Host and path: both kept with the session.
+	limitInitBody    = "init_body_size"
+	limitInitAddress = "init_address"
 	// limitClientSend is --client-send-timeout: a client that took
 	// nothing of an answer for that long (its write failed on the
 	// deadline h1.Server.SendTimeout sets).

@@ -378,11 +378,13 @@ func (p *Proxy) route(w http.ResponseWriter, r *http.Request, x *exchange) bool 
 		if int64(len(x.class.Body)) > p.maxInit {
 			// The body is kept for the session's life and replayed: refused
 			// before it is stored or forwarded.
+			p.metrics.LimitRejected(limitInitBody)
 			writeRequestError(w, x.class.ID, errInitTooLarge)
 			return false
 		}
 		if len(r.Host) > session.MaxAddressLen || len(r.URL.Path) > session.MaxAddressLen {
 			// Kept with the session, for a drain's replay.
+			p.metrics.LimitRejected(limitInitAddress)
 			writeRequestError(w, x.class.ID, errInitAddressTooLong)
 			return false
 		}
