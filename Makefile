@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test check unit conformance bench bench-full microbench bench-report bench-report-full fuzz build kube-env h2spec image
+.PHONY: demo test check unit conformance bench bench-full microbench bench-report bench-report-full fuzz build kube-env h2spec image docker-image
 
 demo:
 	$(GO) run ./cmd/tether demo
@@ -29,20 +29,27 @@ kube-env:
 h2spec:
 	GO=$(GO) bash hack/h2spec.sh
 
-# bench/ is a module of its own (its load generator's dependencies stay out
-# of tether's go.mod): every Go step runs in both modules.
+# bench/, hack/image/ and deploy/helm/ are modules of their own (the load
+# generator's, the image builder's and Helm's dependencies stay out of
+# tether's go.mod): every Go step runs in each module.
 check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags tether_sidecar ./cmd/tether/
 	cd bench && $(GO) vet ./...
+	cd hack/image && $(GO) vet ./...
+	cd deploy/helm && $(GO) vet ./...
 	$(GO) mod tidy -diff
 	cd bench && $(GO) mod tidy -diff
+	cd hack/image && $(GO) mod tidy -diff
+	cd deploy/helm && $(GO) mod tidy -diff
 
 unit:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -tags tether_sidecar -run 'CommandsOfThisBuild|Dependencies' ./cmd/tether/
 	cd bench && $(GO) test -race -count=1 ./...
+	cd hack/image && $(GO) test -race -count=1 ./...
+	cd deploy/helm && $(GO) test -race -count=1 ./...
 
 conformance:
 	bash hack/conformance.sh
@@ -75,16 +82,28 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzWatchStream$$' -fuzztime 60s ./internal/discovery/
 
 # bin/tether has every command; bin/tether-sidecar is the image's binary
-# (serve, explain, status and version only).
+# (serve, explain, status, drain and version only).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether ./cmd/tether
 	CGO_ENABLED=0 $(GO) build -tags tether_sidecar -trimpath -buildvcs=auto -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -o bin/tether-sidecar ./cmd/tether
 
-# The container images (need a Docker engine; the Dockerfile's builds are
-# tested without one by cmd/tether/dockerfile_test.go): the sidecar's
-# (-tags tether_sidecar) and the webhook's (the full binary).
+# The container images: the sidecar's (-tags tether_sidecar) and the
+# webhook's (the full binary). `make image` needs no container engine:
+# hack/image builds them from the Dockerfile's build commands and config, on
+# a base of distroless' files made in the build, as OCI image layouts
+# (bin/images/tether/, bin/images/tether-webhook/) and tarballs for
+# `docker load` (bin/images/*.tar); then its test (also in unit) builds both
+# again and checks them: config, files (no shell), the binary run from each
+# image, the same digests twice.
+# PLATFORM=linux/arm64 builds for arm64. `make docker-image` builds the same
+# images with Docker, into its image store.
 IMAGE ?= ghcr.io/tether-mcp/tether:dev
 WEBHOOK_IMAGE ?= ghcr.io/tether-mcp/tether-webhook:dev
+PLATFORM ?= linux/amd64
 image:
-	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) -t $(IMAGE) .
-	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) --target webhook -t $(WEBHOOK_IMAGE) .
+	cd hack/image && $(GO) run . -root $(CURDIR) -out $(CURDIR)/bin/images -image $(IMAGE) -webhook-image $(WEBHOOK_IMAGE) -platform $(PLATFORM)
+	cd hack/image && $(GO) test -count=1 -run 'TestImages$$' .
+
+docker-image:
+	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
+	docker build --build-arg VERSION=$$(git describe --tags --always --dirty 2>/dev/null || echo dev) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) --target webhook -t $(WEBHOOK_IMAGE) .
