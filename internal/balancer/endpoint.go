@@ -112,7 +112,7 @@ func (e *Endpoint) Sessions() int64 { return e.sessions.Load() }
 // weight (Options.ListenStreamWeight, default 0), rounded down: a stream
 // is an idle channel, not work in flight, and with any weight above zero
 // an endpoint holding more streams loses every tie of the short requests
-// that p2c settles by served count, which skews their spread (README,
+// that p2c settles by served count, which skews their spread (docs/routing.md,
 // "Listen streams").
 func (e *Endpoint) Load() int64 {
 	load := e.placeLoad() + e.inflight.Load()

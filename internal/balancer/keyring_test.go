@@ -14,7 +14,7 @@ import (
 	"github.com/tether-mcp/tether/internal/discovery"
 )
 
-// The figures in README.md (spread and movement) come from these tests:
+// The figures in docs/routing.md (spread and movement) come from these tests:
 //
 //	go test -count=1 -v -run 'TestPickByKey(Spread|Movement)' ./internal/balancer/
 
