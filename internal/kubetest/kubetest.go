@@ -159,28 +159,11 @@ func Start(t testing.TB, opts Options) *Env {
 		t.Fatal(err)
 	}
 
-	ports := freePorts(t, host, 3)
-	etcdURL := "http://" + net.JoinHostPort(host, strconv.Itoa(ports[0]))
-	peerURL := "http://" + net.JoinHostPort(host, strconv.Itoa(ports[1]))
-	e.etcd = e.start("etcd",
-		"--name=kubetest",
-		"--data-dir="+filepath.Join(e.Dir, "etcd-data"),
-		"--listen-client-urls="+etcdURL,
-		"--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL,
-		"--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=kubetest="+peerURL,
-		"--unsafe-no-fsync", // a throwaway data dir: durability buys nothing here
-		"--log-level=warn",
-	)
-	e.waitHTTP("etcd", etcdURL+"/health", nil, 30*time.Second)
-
-	e.URL = "https://" + net.JoinHostPort(host, strconv.Itoa(ports[2]))
+	etcdURL := e.startEtcd()
 	e.apiArgs = []string{
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=" + host,
 		"--advertise-address=" + host,
-		"--secure-port=" + strconv.Itoa(ports[2]),
 		"--endpoint-reconciler-type=none",
 		"--cert-dir=" + filepath.Join(e.Dir, "apiserver-certs"),
 		"--tls-cert-file=" + filepath.Join(e.Dir, "apiserver.crt"),
@@ -194,7 +177,22 @@ func Start(t testing.TB, opts Options) *Env {
 		"--anonymous-auth=false",
 		"--profiling=false",
 	}
-	e.startAPIServer()
+	// A port found free may be taken before the server binds it (by
+	// another test's server, or as the local port of a connection):
+	// then the server exits at once, and it is started again on others.
+	for attempt := 1; ; attempt++ {
+		port := strconv.Itoa(findPorts(t, host, 1)[0])
+		e.URL = "https://" + net.JoinHostPort(host, port)
+		e.apiArgs = append(e.apiArgs[:len(e.apiArgs):len(e.apiArgs)], "--secure-port="+port)
+		err := e.startAPIServerOnce()
+		if err == nil {
+			break
+		}
+		if attempt == bindAttempts || !e.apiserver.lostBind() {
+			t.Fatal(err)
+		}
+		e.apiArgs = e.apiArgs[:len(e.apiArgs)-1]
+	}
 
 	e.Admin = &rest.Config{
 		Host:            e.URL,
@@ -250,6 +248,15 @@ func (e *Env) StartAPIServer() {
 
 func (e *Env) startAPIServer() {
 	e.t.Helper()
+	if err := e.startAPIServerOnce(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// startAPIServerOnce starts kube-apiserver with e.apiArgs and waits until
+// it is ready.
+func (e *Env) startAPIServerOnce() error {
+	e.t.Helper()
 	e.apiserver = e.start("kube-apiserver", e.apiArgs...)
 	ca, err := os.ReadFile(filepath.Join(e.Dir, "ca.crt"))
 	if err != nil {
@@ -259,11 +266,51 @@ func (e *Env) startAPIServer() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.waitHTTP("kube-apiserver", e.URL+"/readyz", client, 90*time.Second)
+	return e.waitHTTP("kube-apiserver", e.URL+"/readyz", client, 90*time.Second)
 }
 
-// waitHTTP polls url until it answers 200, or fails the test.
-func (e *Env) waitHTTP(what, url string, client *http.Client, timeout time.Duration) {
+// bindAttempts is how many times a server is started on ports found free
+// before a lost bind fails the test.
+const bindAttempts = 3
+
+// startEtcd starts etcd on two ports found free, again on others when one
+// was taken meanwhile, and returns its client URL once it is healthy.
+func (e *Env) startEtcd() string {
+	e.t.Helper()
+	for attempt := 1; ; attempt++ {
+		ports := findPorts(e.t, e.host, 2)
+		etcdURL := "http://" + net.JoinHostPort(e.host, strconv.Itoa(ports[0]))
+		peerURL := "http://" + net.JoinHostPort(e.host, strconv.Itoa(ports[1]))
+		e.etcd = e.start("etcd",
+			"--name=kubetest",
+			"--data-dir="+filepath.Join(e.Dir, fmt.Sprintf("etcd-data-%d", attempt)),
+			"--listen-client-urls="+etcdURL,
+			"--advertise-client-urls="+etcdURL,
+			"--listen-peer-urls="+peerURL,
+			"--initial-advertise-peer-urls="+peerURL,
+			"--initial-cluster=kubetest="+peerURL,
+			"--unsafe-no-fsync", // a throwaway data dir: durability buys nothing here
+			"--log-level=warn",
+		)
+		err := e.waitHTTP("etcd", etcdURL+"/health", nil, 30*time.Second)
+		if err == nil {
+			return etcdURL
+		}
+		if attempt == bindAttempts || !e.etcd.lostBind() {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// lostBind reports whether the process exited because a port it was to
+// listen on was taken.
+func (p *process) lostBind() bool {
+	return p.exited() && strings.Contains(p.tail(40), "address already in use")
+}
+
+// waitHTTP polls url until it answers 200. It fails when the process
+// exits or timeout passes.
+func (e *Env) waitHTTP(what, url string, client *http.Client, timeout time.Duration) error {
 	e.t.Helper()
 	if client == nil {
 		client = http.DefaultClient
@@ -278,7 +325,7 @@ func (e *Env) waitHTTP(what, url string, client *http.Client, timeout time.Durat
 			p = e.apiserver
 		}
 		if p.exited() {
-			e.t.Fatalf("kubetest: %s exited: %v\n%s", what, p.err, p.tail(40))
+			return fmt.Errorf("kubetest: %s exited: %v\n%s", what, p.err, p.tail(40))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -290,7 +337,7 @@ func (e *Env) waitHTTP(what, url string, client *http.Client, timeout time.Durat
 			last = fmt.Sprintf("%d %s", resp.StatusCode, buf[:n])
 			if resp.StatusCode == http.StatusOK {
 				cancel()
-				return
+				return nil
 			}
 		} else {
 			last = err.Error()
@@ -298,7 +345,7 @@ func (e *Env) waitHTTP(what, url string, client *http.Client, timeout time.Durat
 		cancel()
 		time.Sleep(100 * time.Millisecond)
 	}
-	e.t.Fatalf("kubetest: %s not ready after %s (last: %s)", what, timeout, last)
+	return fmt.Errorf("kubetest: %s not ready after %s (last: %s)", what, timeout, last)
 }
 
 func (e *Env) writeKubeconfig(user, token string, ca []byte) string {
@@ -326,8 +373,12 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// freePorts finds n free TCP ports on host. They are released before use;
-// on a test machine nothing else races for them.
+// findPorts is freePorts; a test takes ports instead.
+var findPorts = freePorts
+
+// freePorts finds n free TCP ports on host. They are released before use,
+// so one may be taken before its server binds it: the servers' starts
+// retry on a lost bind (bindAttempts).
 func freePorts(t testing.TB, host string, n int) []int {
 	t.Helper()
 	var lns []net.Listener
