@@ -74,6 +74,12 @@ type memoryReleaser struct {
 	ownGC     uint64 // the collection count right after the last release
 	armedAt   uint64 // allocated() when the timer was last armed
 	releases  int    // for tests
+	// seen is the collection count collected last read. A cleanup may run
+	// late, into the next collection's cycle: it then reads the count
+	// before that collection ends, and the sentinel it makes outlives
+	// that collection, which arms nothing (the one after it does). Tests
+	// wait on seen instead of taking each collection for seen.
+	seen uint64
 }
 
 // startMemoryReleaser starts releasing memory after quiet spells of after,
@@ -114,6 +120,7 @@ func (m *memoryReleaser) collected() {
 		return
 	}
 	m.watch()
+	m.seen = n
 	if m.releasing || n <= m.ownGC {
 		return // the release's own collection
 	}

@@ -42,6 +42,28 @@ func TestMemoryReleaser(t *testing.T) {
 			}
 		}
 	}
+	// collect runs a collection and waits until the releaser has seen
+	// it: a cleanup that ran late, into the collection's cycle, makes the
+	// collection go unseen, and the next one is seen instead.
+	collect := func() {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			runtime.GC()
+			want := gcCount()
+			for wait := time.Now().Add(time.Second); time.Now().Before(wait); time.Sleep(time.Millisecond) {
+				m.mu.Lock()
+				seen := m.seen
+				m.mu.Unlock()
+				if seen >= want {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the releaser saw no collection since %d", want)
+			}
+		}
+	}
 	// stays asserts that no release comes in several quiet spells.
 	stays := func(n int, why string) {
 		t.Helper()
@@ -52,20 +74,20 @@ func TestMemoryReleaser(t *testing.T) {
 	}
 
 	give.Store(minMemoryRelease - 1)
-	runtime.GC()
+	collect()
 	stays(0, "a collection with less than minMemoryRelease to give back")
 
 	give.Store(64 << 20)
-	runtime.GC()
+	collect()
 	waitReleases(1)
 	stays(1, "after a release, with nothing but its own collection")
 
-	runtime.GC()
+	collect()
 	waitReleases(2)
 
 	// Busy again without a collection yet (allocating more than
 	// quietAllocation a spell): no release until it stops.
-	runtime.GC()
+	collect()
 	for range 10 {
 		allocs.Add(2 * quietAllocation)
 		time.Sleep(after / 2)
@@ -79,10 +101,10 @@ func TestMemoryReleaser(t *testing.T) {
 	// is worth a collection of a 64 MB live heap, 15 MB is not.
 	live.Store(64 << 20)
 	give.Store(15 << 20)
-	runtime.GC()
+	collect()
 	stays(3, "15 MB to give back on a 64 MB live heap")
 	give.Store(16 << 20)
-	runtime.GC()
+	collect()
 	waitReleases(4)
 
 	cancel()
