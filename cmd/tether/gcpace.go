@@ -48,6 +48,17 @@ const (
 	burstGoroutines  = 256
 	burstPoll        = 250 * time.Millisecond
 	burstCollections = 2
+	// burstIdlePolls: a check that has looked this many times since the
+	// last collection without the goroutines falling to half rests until
+	// the next collection. Goroutines that stay while nothing allocates
+	// are not a burst but a steady population (thousands of idle
+	// streams): polling them every burstPoll for as long as they live
+	// would wake an idle sidecar four times a second (issue 32). A burst
+	// allocates, so its collections keep the check going; the one that
+	// ends unseen meanwhile is collected after at the latest by the
+	// runtime's periodic collection (every 2 minutes), which arms the
+	// check again.
+	burstIdlePolls = 8
 )
 
 // forcedGainShare: a collection the runtime would not run yet (after a
@@ -143,6 +154,10 @@ type gcPacer struct {
 	burst           int
 	peak, longLived uint64
 	check           *time.Timer
+	// polls counts the checks since the last collection; armed says the
+	// check's timer is set.
+	polls int
+	armed bool
 }
 
 func (p *gcPacer) start(ctx context.Context) {
@@ -180,23 +195,36 @@ func (p *gcPacer) collected() {
 	// garbage and pooled buffers live, with fewer goroutines.
 	p.burst = max(p.burst, g)
 	p.peak = max(p.peak, live)
+	p.polls = 0
+	p.armLocked()
+}
+
+// armLocked sets the check's timer. p.mu is held.
+func (p *gcPacer) armLocked() {
+	p.armed = true
 	p.check.Reset(burstPoll)
 }
 
 // burstEnded collects when the goroutines have fallen to half what the
 // burst's collections saw (up to burstCollections times, each while
-// worthCollecting), else looks again a burstPoll later. The collections'
+// worthCollecting), else looks again a burstPoll later, up to
+// burstIdlePolls times until the next collection. The collections'
 // own cleanups (collected) set the goal from what is live after the burst,
 // and take it as the long-lived heap.
 func (p *gcPacer) burstEnded() {
 	p.mu.Lock()
+	p.armed = false
 	if p.stopped || p.burst < burstGoroutines {
 		p.mu.Unlock()
 		return
 	}
 	burst, now := p.burst, p.goroutines()
 	if 2*now > burst {
-		p.check.Reset(burstPoll)
+		// Still in the burst, or a steady population: rest after
+		// burstIdlePolls looks with no collection between them.
+		if p.polls++; p.polls < burstIdlePolls {
+			p.armLocked()
+		}
 		p.mu.Unlock()
 		return
 	}
@@ -219,6 +247,7 @@ func (p *gcPacer) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stopped = true
+	p.armed = false
 	if p.check != nil {
 		p.check.Stop()
 	}

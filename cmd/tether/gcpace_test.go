@@ -196,6 +196,50 @@ func TestGCPacerBurstEnd(t *testing.T) {
 	}
 }
 
+// Goroutines that stay while nothing is collected (thousands of idle
+// streams on a large live heap) are no burst: the check looks
+// burstIdlePolls times, then rests until a collection arms it again, and
+// still sees the end of a burst that comes after that.
+func TestGCPacerBurstCheckRestsOnSteadyGoroutines(t *testing.T) {
+	var live uint64 = 64 << 20
+	goroutines, collections := 10014, 0
+	p := &gcPacer{percent: 100,
+		live:       func() uint64 { return live },
+		set:        func(int) int { return 0 },
+		goroutines: func() int { return goroutines },
+		collect:    func() { collections++ },
+		check:      time.NewTimer(time.Hour),
+	}
+	p.check.Stop()
+	defer p.check.Stop()
+
+	p.collected()
+	polls := 0
+	for p.armed {
+		if polls++; polls > 100 {
+			t.Fatal("the check is still armed after 100 polls of a steady 10,014 goroutines")
+		}
+		p.burstEnded()
+	}
+	if polls != burstIdlePolls {
+		t.Errorf("the check rested after %d polls, want %d", polls, burstIdlePolls)
+	}
+	if collections != 0 {
+		t.Fatalf("%d collections with the goroutines steady, want none", collections)
+	}
+
+	// The runtime's periodic collection arms it again; the streams end.
+	p.collected()
+	if !p.armed {
+		t.Fatal("a collection with 10,014 goroutines on 64 MiB did not arm the check")
+	}
+	goroutines = 14
+	p.burstEnded()
+	if collections == 0 {
+		t.Error("no collection once the goroutines fell from 10,014 to 14")
+	}
+}
+
 // A collection after a burst is made while what it would free (the live
 // heap less the long-lived one) is a quarter or more of what it marks (the
 // long-lived heap).
