@@ -11,15 +11,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -154,8 +151,11 @@ func TestExecPluginAgainstAPIServer(t *testing.T) {
 	user := kubetest.ServiceAccountUser("mcp", "tether")
 	env := kubetest.Start(t, kubetest.Options{Users: []kubetest.User{user}})
 	admin := env.AdminClient()
-	bindEndpointSliceReader(t, admin)
 	ctx := t.Context()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mcp"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	env.GrantEndpointSliceReader("mcp", "tether")
 	api := admin.DiscoveryV1().EndpointSlices("mcp")
 	if _, err := api.Create(ctx, execTestSlice("everything-1", "10.244.0.11"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -246,31 +246,6 @@ current-context: dead
 	})
 }
 
-// bindEndpointSliceReader creates the namespace mcp and grants tether's
-// ServiceAccount identity deploy/rbac's rules on EndpointSlices.
-func bindEndpointSliceReader(t *testing.T, admin kubernetes.Interface) {
-	t.Helper()
-	ctx := t.Context()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mcp"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "tether"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}},
-	}
-	if _, err := admin.RbacV1().Roles("mcp").Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	rb := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "tether"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tether"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "mcp", Name: "tether"}},
-	}
-	if _, err := admin.RbacV1().RoleBindings("mcp").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // execTestSlice is a slice of the Service everything with one ready pod
 // (the API server refuses loopback addresses).
 func execTestSlice(name, ip string) *discoveryv1.EndpointSlice {
@@ -294,13 +269,13 @@ func writePlugin(t *testing.T, dir, name, body string) string {
 
 // runFullSource runs the source tether serve builds for --k8s-service
 // mcp/everything and flags until the test ends.
-func runFullSource(t *testing.T, flags ...string) (<-chan discovery.Snapshot, *lockedBuffer) {
+func runFullSource(t *testing.T, flags ...string) (<-chan discovery.Snapshot, *testkit.LockedBuffer) {
 	t.Helper()
 	cfg, err := parseServeFlags(append([]string{"--k8s-service", "mcp/everything"}, flags...), func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &testkit.LockedBuffer{}
 	src, err := newSource(cfg, newLogger(logs, "text", "info"))
 	if err != nil {
 		t.Fatal(err)
@@ -340,23 +315,4 @@ func waitEndpoints(t *testing.T, snaps <-chan discovery.Snapshot, want ...string
 			t.Fatalf("no snapshot of %q within 30s; last %q", want, last)
 		}
 	}
-}
-
-// lockedBuffer is a log destination the source's goroutine writes while
-// the test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

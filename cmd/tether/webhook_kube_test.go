@@ -27,6 +27,7 @@ import (
 
 	"github.com/tether-mcp/tether/internal/inject"
 	"github.com/tether-mcp/tether/internal/kubetest"
+	"github.com/tether-mcp/tether/internal/testkit/testca"
 )
 
 // The webhook end to end: a real kube-apiserver calls `tether webhook` over
@@ -42,8 +43,8 @@ func TestWebhookAgainstAPIServer(t *testing.T) {
 	defer cancel()
 
 	dir := t.TempDir()
-	ca := newTestCA(t)
-	certFile, keyFile := ca.issue(t, dir, 7)
+	ca := testca.New(t)
+	certFile, keyFile := ca.Issue(t, dir, 7)
 	certs, err := newCertReloader(certFile, keyFile, time.Second, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestWebhookAgainstAPIServer(t *testing.T) {
 
 	mwc := loadWebhookConfiguration(t)
 	url := "https://" + addr + "/inject"
-	mwc.Webhooks[0].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca.pem}
+	mwc.Webhooks[0].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca.PEM}
 	if _, err := admin.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-mcp/tether/internal/inject"
+	"github.com/tether-mcp/tether/internal/testkit/testca"
 )
 
 // The webhook refuses a review over the API server's own 3 MiB cap with
@@ -24,15 +25,15 @@ func TestWebhookBodyLimit(t *testing.T) {
 	if inject.MaxReviewBytes > 3<<20 {
 		t.Fatalf("MaxReviewBytes %d, want at most 3 MiB", inject.MaxReviewBytes)
 	}
-	ca := newTestCA(t)
-	certFile, keyFile := ca.issue(t, t.TempDir(), 1)
+	ca := testca.New(t)
+	certFile, keyFile := ca.Issue(t, t.TempDir(), 1)
 	certs, err := newCertReloader(certFile, keyFile, time.Minute, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr, _ := startWebhook(t, certs, inject.DefaultConfig("v1.0.0"))
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.pem)
+	pool.AppendCertsFromPEM(ca.PEM)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	defer client.CloseIdleConnections()
 

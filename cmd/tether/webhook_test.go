@@ -5,21 +5,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,58 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/tether-mcp/tether/internal/inject"
+	"github.com/tether-mcp/tether/internal/testkit/testca"
 )
-
-// testCA issues serving certificates for loopback.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tether-test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue writes a serving certificate for 127.0.0.1 with serial into
-// dir/tls.crt and dir/tls.key.
-func (ca *testCA) issue(t *testing.T, dir string, serial int64) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "tether-webhook"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalPKCS8PrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeFile(t, certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	writeFile(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
-	return certFile, keyFile
-}
 
 func writeFile(t *testing.T, path string, b []byte) {
 	t.Helper()
@@ -120,8 +63,8 @@ func startWebhook(t *testing.T, certs *certReloader, defaults inject.Config) (ad
 
 func TestWebhookServesAndReloadsItsCertificate(t *testing.T) {
 	dir := t.TempDir()
-	ca := newTestCA(t)
-	certFile, keyFile := ca.issue(t, dir, 100)
+	ca := testca.New(t)
+	certFile, keyFile := ca.Issue(t, dir, 100)
 	certs, err := newCertReloader(certFile, keyFile, time.Minute, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +75,7 @@ func TestWebhookServesAndReloadsItsCertificate(t *testing.T) {
 	addr, _ := startWebhook(t, certs, inject.DefaultConfig("v1.0.0"))
 
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca.pem)
+	pool.AppendCertsFromPEM(ca.PEM)
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
 	serial := func() int64 {
 		t.Helper()
@@ -151,7 +94,7 @@ func TestWebhookServesAndReloadsItsCertificate(t *testing.T) {
 	}
 
 	// Renewed on disk: served once the check interval has passed.
-	ca.issue(t, dir, 101)
+	ca.Issue(t, dir, 101)
 	if s := serial(); s != 100 {
 		t.Errorf("serial %d before the interval, want 100 still", s)
 	}

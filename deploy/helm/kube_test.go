@@ -4,15 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -37,6 +31,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/tether-mcp/tether/internal/kubetest"
+	"github.com/tether-mcp/tether/internal/testkit/testca"
 )
 
 // Every object the chart renders, at its defaults and at customValues,
@@ -323,9 +318,9 @@ func runChartWebhook(t *testing.T, bin string, d *appsv1.Deployment) (addr strin
 		t.Fatalf("the Deployment mounts no Secret: %+v", c.VolumeMounts)
 	}
 	tlsDir := t.TempDir()
-	caPEM, certPEM, keyPEM := testPKI(t)
-	writeFile(t, filepath.Join(tlsDir, "tls.crt"), certPEM)
-	writeFile(t, filepath.Join(tlsDir, "tls.key"), keyPEM)
+	ca := testca.New(t)
+	ca.Issue(t, tlsDir, 2)
+	caPEM = ca.PEM
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -408,53 +403,6 @@ func runChartWebhook(t *testing.T, bin string, d *appsv1.Deployment) (addr strin
 			t.Fatalf("tether webhook not healthy within 60 s (last: %v)", err)
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// testPKI makes a CA and a serving pair for 127.0.0.1 signed by it.
-func testPKI(t *testing.T) (caPEM, certPEM, keyPEM []byte) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tether-helm-test-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "tether-webhook"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-}
-
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -43,35 +42,17 @@ func kubeEndpoint(ip, uid string, ready, serving, terminating bool) discoveryv1.
 }
 
 // startKube starts the control plane with the namespace mcp and an
-// identity for tether, whose Role (deploy/rbac's rules) is bound by bind.
-func startKube(t *testing.T) (env *kubetest.Env, admin kubernetes.Interface, user kubetest.User, bind func()) {
+// identity for tether, ServiceAccount mcp/tether, not yet granted anything
+// (env.GrantEndpointSliceReader grants it deploy/rbac's rules).
+func startKube(t *testing.T) (env *kubetest.Env, admin kubernetes.Interface, user kubetest.User) {
 	t.Helper()
 	user = kubetest.ServiceAccountUser("mcp", "tether")
 	env = kubetest.Start(t, kubetest.Options{Users: []kubetest.User{user}})
 	admin = env.AdminClient()
-	ctx := t.Context()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mcp"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mcp"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	bind = func() {
-		t.Helper()
-		role := &rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Name: "tether"},
-			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}},
-		}
-		if _, err := admin.RbacV1().Roles("mcp").Create(ctx, role, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		rb := &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "tether"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tether"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "mcp", Name: "tether"}},
-		}
-		if _, err := admin.RbacV1().RoleBindings("mcp").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return env, admin, user, bind
+	return env, admin, user
 }
 
 // The source against the real API server, with only list and watch on
@@ -79,7 +60,7 @@ func startKube(t *testing.T) (env *kubetest.Env, admin kubernetes.Interface, use
 // changes through the watch, and resumed watches after the API server
 // restarts and after it is killed.
 func TestKubernetesSourceAgainstAPIServer(t *testing.T) {
-	env, admin, user, bind := startKube(t)
+	env, admin, user := startKube(t)
 	ctx := t.Context()
 	api := admin.DiscoveryV1().EndpointSlices("mcp")
 	if _, err := api.Create(ctx, kubeSlice("everything-1",
@@ -110,7 +91,7 @@ func TestKubernetesSourceAgainstAPIServer(t *testing.T) {
 		t.Errorf("log line %q, want a warning with the API server's message and code", got)
 	}
 
-	bind()
+	env.GrantEndpointSliceReader("mcp", "tether")
 	until(t, snaps,
 		"a/10.244.0.11:8080 http://10.244.0.11:8080 ready",
 		"b/10.244.0.12:8080 http://10.244.0.12:8080 ready")
@@ -158,8 +139,8 @@ func TestKubernetesSourceAgainstAPIServer(t *testing.T) {
 // Service's address in the environment. The token is the user's, read from
 // its kubeconfig.
 func TestInClusterConfigAgainstAPIServer(t *testing.T) {
-	env, _, user, bind := startKube(t)
-	bind()
+	env, _, user := startKube(t)
+	env.GrantEndpointSliceReader("mcp", "tether")
 	kc, err := loadConfig(env.Kubeconfig(user.Name), testEnv(t))
 	if err != nil {
 		t.Fatal(err)

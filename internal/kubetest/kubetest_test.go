@@ -12,13 +12,16 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tether-mcp/tether/internal/kubetest"
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // The control plane starts, the admin may do anything, a user without a
-// binding may do nothing (RBAC is on), and it survives a restart.
+// binding may do nothing (RBAC is on) until granted, and it survives a
+// restart.
 func TestEnv(t *testing.T) {
 	start := time.Now()
-	env := kubetest.Start(t, kubetest.Options{Users: []kubetest.User{{Name: "nobody"}}})
+	reader := kubetest.ServiceAccountUser("kt", "reader")
+	env := kubetest.Start(t, kubetest.Options{Users: []kubetest.User{{Name: "nobody"}, reader}})
 	t.Logf("etcd and kube-apiserver ready in %s", time.Since(start).Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -28,14 +31,34 @@ func TestEnv(t *testing.T) {
 		t.Fatalf("admin creates a namespace: %v", err)
 	}
 
-	cfg, err := clientcmd.BuildConfigFromFlags("", env.Kubeconfig("nobody"))
-	if err != nil {
-		t.Fatal(err)
+	client := func(user string) kubernetes.Interface {
+		cfg, err := clientcmd.BuildConfigFromFlags("", env.Kubeconfig(user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kubernetes.NewForConfigOrDie(cfg)
 	}
-	nobody := kubernetes.NewForConfigOrDie(cfg)
-	_, err = nobody.DiscoveryV1().EndpointSlices("kt").List(ctx, metav1.ListOptions{})
+	nobody := client("nobody")
+	_, err := nobody.DiscoveryV1().EndpointSlices("kt").List(ctx, metav1.ListOptions{})
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("unbound user lists EndpointSlices: error %v, want forbidden", err)
+	}
+
+	// The grant takes effect a moment later: the API server's authorizer
+	// reads Roles and RoleBindings through its informers.
+	env.GrantEndpointSliceReader("kt", "reader")
+	slices := client(reader.Name).DiscoveryV1().EndpointSlices("kt")
+	testkit.EventuallyNoError(t, 30*time.Second, func() error {
+		_, err := slices.List(ctx, metav1.ListOptions{})
+		return err
+	}, "the granted ServiceAccount to list EndpointSlices")
+	if w, err := slices.Watch(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("the granted ServiceAccount watches EndpointSlices: %v", err)
+	} else {
+		w.Stop()
+	}
+	if _, err := client(reader.Name).CoreV1().Pods("kt").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the granted ServiceAccount lists Pods: error %v, want forbidden", err)
 	}
 
 	start = time.Now()
