@@ -73,6 +73,7 @@ var forbiddenPackages = []string{
 	"github.com/tether-mcp/tether/bench",
 	"github.com/tether-mcp/tether/e2e",
 	"github.com/tether-mcp/tether/hack",
+	"github.com/tether-mcp/tether/internal/dockerfile",
 	"github.com/tether-mcp/tether/internal/kubetest",
 	"github.com/tether-mcp/tether/internal/redistest",
 	"github.com/tether-mcp/tether/internal/testkit",

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tether-mcp/tether/internal/dockerfile"
 )
 
 // The images cannot be built here (no container engine), so this test
@@ -29,7 +31,10 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	df := parseDockerfile(string(src))
+	df, err := dockerfile.Parse(string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Go version of the build stage = go.mod's.
 	gomod, err := os.ReadFile("../../go.mod")
@@ -40,19 +45,19 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	if m == nil {
 		t.Fatal("no go directive in go.mod")
 	}
-	if len(df.stages) < 2 {
-		t.Fatalf("want a multi-stage Dockerfile, got stages %+v", df.stages)
+	if len(df.Stages) < 2 {
+		t.Fatalf("want a multi-stage Dockerfile, got stages %+v", df.Stages)
 	}
-	if build := expand(df.stages[0].from, df.args); !strings.Contains(build, "golang:"+string(m[1])) {
+	if build := dockerfile.Expand(df.Stages[0].From, df.Args); !strings.Contains(build, "golang:"+string(m[1])) {
 		t.Errorf("build stage %q: want golang:%s (go.mod)", build, m[1])
 	}
 	images := []struct {
 		name    string
-		stage   *stage
+		stage   *dockerfile.Stage
 		sidecar bool
 	}{
-		{"sidecar", &df.stages[len(df.stages)-1], true},
-		{"webhook", df.stage("webhook"), false},
+		{"sidecar", &df.Stages[len(df.Stages)-1], true},
+		{"webhook", df.Stage("webhook"), false},
 	}
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
@@ -67,26 +72,43 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 			if final == nil {
 				t.Fatal("no such stage")
 			}
-			if final.from != "gcr.io/distroless/static-debian12:nonroot" {
-				t.Errorf("final stage FROM %q, want gcr.io/distroless/static-debian12:nonroot", final.from)
+			if final.From != "gcr.io/distroless/static-debian12:nonroot" {
+				t.Errorf("final stage FROM %q, want gcr.io/distroless/static-debian12:nonroot", final.From)
 			}
-			if u := final.user; u == "" || u == "0" || strings.HasPrefix(u, "root") || strings.HasPrefix(u, "0:") {
-				t.Errorf("USER %q: want a non-root user", u)
+			// The last USER, ENTRYPOINT and COPY --from are the ones that count.
+			var user, entrypoint, copyFrom string
+			for _, in := range final.Instructions {
+				switch in.Cmd {
+				case "USER":
+					user = in.Args
+				case "ENTRYPOINT":
+					entrypoint = in.Args
+				case "COPY":
+					if from, ok := in.Flag("from"); ok {
+						copyFrom = from
+					}
+				}
 			}
-			if !strings.HasPrefix(final.entrypoint, "[") {
-				t.Errorf("ENTRYPOINT %s: want the exec form (the image has no shell)", final.entrypoint)
+			if user == "" || user == "0" || strings.HasPrefix(user, "root") || strings.HasPrefix(user, "0:") {
+				t.Errorf("USER %q: want a non-root user", user)
 			}
-			build := df.stage(final.copyFrom)
-			if build == nil || build.build == "" {
-				t.Fatalf("the image copies from stage %q, which runs no go build", final.copyFrom)
+			if !strings.HasPrefix(entrypoint, "[") {
+				t.Errorf("ENTRYPOINT %s: want the exec form (the image has no shell)", entrypoint)
+			}
+			build := df.Stage(copyFrom)
+			if build == nil || build.Build() == "" {
+				t.Fatalf("the image copies from stage %q, which runs no go build", copyFrom)
 			}
 
 			// The build command, as the Dockerfile runs it.
 			const testVersion = "v0.0.0-dockerfile-test"
 			vars := map[string]string{"VERSION": testVersion, "TARGETOS": runtime.GOOS, "TARGETARCH": runtime.GOARCH}
-			env, args := splitBuildCommand(t, expand(build.build, vars))
-			if env["CGO_ENABLED"] != "0" {
-				t.Errorf("build sets CGO_ENABLED=%q, want 0", env["CGO_ENABLED"])
+			env, args, err := dockerfile.SplitGoBuild(build.Build(), vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(env, "CGO_ENABLED=0") {
+				t.Errorf("build environment %q, want CGO_ENABLED=0", env)
 			}
 			if !slices.Contains(args, "-trimpath") {
 				t.Errorf("build args %q: want -trimpath", args)
@@ -106,10 +128,7 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 
 			cmd := exec.Command(goCmd, args...)
 			cmd.Dir = context
-			cmd.Env = os.Environ()
-			for k, v := range env {
-				cmd.Env = append(cmd.Env, k+"="+v)
-			}
+			cmd.Env = append(os.Environ(), env...)
 			if b, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
 			}
@@ -165,142 +184,6 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 			}
 		})
 	}
-}
-
-// dockerfile is what the test reads from the Dockerfile.
-type dockerfile struct {
-	args   map[string]string // ARG defaults
-	stages []stage
-}
-
-// stage is one FROM and what the test reads of it.
-type stage struct {
-	name       string // AS NAME
-	from       string // its image or stage (flags dropped)
-	copyFrom   string // the stage of its last COPY --from
-	user       string // the last USER
-	entrypoint string // the last ENTRYPOINT
-	build      string // the RUN command that runs go build (mount flags dropped)
-}
-
-func (df dockerfile) stage(name string) *stage {
-	for i := range df.stages {
-		if df.stages[i].name == name {
-			return &df.stages[i]
-		}
-	}
-	return nil
-}
-
-func parseDockerfile(src string) dockerfile {
-	df := dockerfile{args: map[string]string{}}
-	// Join continuation lines, drop comments.
-	var lines []string
-	cur := ""
-	for _, l := range strings.Split(src, "\n") {
-		if t := strings.TrimSpace(l); strings.HasPrefix(t, "#") || (t == "" && cur == "") {
-			continue
-		}
-		if strings.HasSuffix(l, "\\") {
-			cur += strings.TrimSuffix(l, "\\") + " "
-			continue
-		}
-		lines = append(lines, strings.TrimSpace(cur+l))
-		cur = ""
-	}
-	st := &stage{} // instructions before the first FROM (ARG only)
-	dropFlags := func(fields []string) []string {
-		for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
-			fields = fields[1:]
-		}
-		return fields
-	}
-	for _, l := range lines {
-		instr, rest, _ := strings.Cut(l, " ")
-		rest = strings.TrimSpace(rest)
-		switch strings.ToUpper(instr) {
-		case "ARG":
-			if k, v, ok := strings.Cut(rest, "="); ok {
-				df.args[k] = v
-			}
-		case "FROM":
-			fields := dropFlags(strings.Fields(rest))
-			df.stages = append(df.stages, stage{})
-			st = &df.stages[len(df.stages)-1]
-			if len(fields) > 0 {
-				st.from = fields[0]
-			}
-			if len(fields) == 3 && strings.EqualFold(fields[1], "AS") {
-				st.name = fields[2]
-			}
-		case "COPY":
-			for _, f := range strings.Fields(rest) {
-				if from, ok := strings.CutPrefix(f, "--from="); ok {
-					st.copyFrom = from
-				}
-			}
-		case "USER":
-			st.user = rest
-		case "ENTRYPOINT":
-			st.entrypoint = rest
-		case "RUN":
-			if cmd := strings.Join(dropFlags(strings.Fields(rest)), " "); strings.Contains(cmd, "go build") {
-				st.build = cmd
-			}
-		}
-	}
-	return df
-}
-
-// expand replaces ${NAME} and $NAME from vars.
-func expand(s string, vars map[string]string) string {
-	return os.Expand(s, func(k string) string { return vars[k] })
-}
-
-// splitBuildCommand splits `A=1 B=2 go build ARGS...` into its environment
-// and go's arguments (words as a POSIX shell splits them, double and single
-// quotes included).
-func splitBuildCommand(t *testing.T, cmd string) (map[string]string, []string) {
-	t.Helper()
-	var words []string
-	var b strings.Builder
-	inWord := false
-	var quote rune
-	for _, r := range cmd {
-		switch {
-		case quote != 0 && r == quote:
-			quote = 0
-		case quote != 0:
-			b.WriteRune(r)
-		case r == '"' || r == '\'':
-			quote, inWord = r, true
-		case r == ' ' || r == '\t':
-			if inWord {
-				words = append(words, b.String())
-				b.Reset()
-				inWord = false
-			}
-		default:
-			b.WriteRune(r)
-			inWord = true
-		}
-	}
-	if inWord {
-		words = append(words, b.String())
-	}
-	env := map[string]string{}
-	for len(words) > 0 {
-		k, v, ok := strings.Cut(words[0], "=")
-		if !ok || strings.ContainsAny(k, "-/") {
-			break
-		}
-		env[k] = v
-		words = words[1:]
-	}
-	if len(words) < 2 || words[0] != "go" || words[1] != "build" {
-		t.Fatalf("the Dockerfile's build command %q is not `[VAR=VALUE]... go build ...`", cmd)
-	}
-	return env, words[1:]
 }
 
 // buildContext copies root into a temporary directory, leaving out what

@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/tether-mcp/tether/internal/dockerfile"
 )
 
 // Build is what varies between builds of the same Dockerfile.
@@ -85,7 +87,7 @@ func (b Build) Image(ctx context.Context, spec Spec) (v1.Image, error) {
 	}
 	args := b.buildArgs()
 	for k, v := range spec.Labels {
-		cf.Config.Labels[k] = os.Expand(v, func(k string) string { return args[k] })
+		cf.Config.Labels[k] = dockerfile.Expand(v, args)
 	}
 	return mutate.ConfigFile(img, cf)
 }
@@ -104,7 +106,7 @@ func (b Build) buildArgs() map[string]string {
 // goBuild runs the Dockerfile's go build command in b.Root, writing the
 // binary to out instead of spec.BinaryFrom.
 func (b Build) goBuild(ctx context.Context, spec Spec, out string) error {
-	env, args, err := goBuild(spec.Build, b.buildArgs())
+	env, args, err := dockerfile.SplitGoBuild(spec.Build, b.buildArgs())
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/tether-mcp/tether/internal/dockerfile"
 )
 
 const caCerts = "/etc/ssl/certs/ca-certificates.crt"
@@ -388,7 +390,7 @@ func TestReadSpecOfTheDockerfile(t *testing.T) {
 		if spec.BuildStage != tt.buildStage || spec.BinaryTo != "/tether" {
 			t.Errorf("target %q: binary from stage %q to %s, want %q to /tether", tt.target, spec.BuildStage, spec.BinaryTo, tt.buildStage)
 		}
-		env, args, err := goBuild(spec.Build, map[string]string{"VERSION": "v9", "TARGETOS": "linux", "TARGETARCH": "arm64"})
+		env, args, err := dockerfile.SplitGoBuild(spec.Build, map[string]string{"VERSION": "v9", "TARGETOS": "linux", "TARGETARCH": "arm64"})
 		if err != nil {
 			t.Fatal(err)
 		}
