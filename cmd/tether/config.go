@@ -45,6 +45,9 @@ type config struct {
 	// cacheSizeAlias is --session-cache-size, the deprecated name of
 	// --max-sessions (0: not given).
 	cacheSizeAlias int
+	// maxStreamsGiven and maxSessionsGiven: set by a flag or its TETHER_
+	// variable; otherwise sizeStreamsAndSessions derives them from memory.
+	maxStreamsGiven, maxSessionsGiven bool
 	// RedisPassword comes from TETHER_REDIS_PASSWORD only: a secret on the
 	// command line is visible to every process on the host.
 	RedisPassword string
@@ -206,6 +209,14 @@ func parseServeFlags(args []string, getenv func(string) string, stderr io.Writer
 	if err := parseFlags(fs, args, "usage: tether serve [flags]", stderr); err != nil {
 		return cfg, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "max-streams":
+			cfg.maxStreamsGiven = true
+		case "max-sessions", "session-cache-size":
+			cfg.maxSessionsGiven = true
+		}
+	})
 	if cfg.cacheSizeAlias != 0 {
 		maxSet := false
 		fs.Visit(func(f *flag.Flag) { maxSet = maxSet || f.Name == "max-sessions" })

@@ -122,6 +122,9 @@ func serveCommand(ctx context.Context, args []string, getenv func(string) string
 	}
 	log := newLogger(stderr, cfg.LogFormat, cfg.LogLevel)
 	setMemoryLimit(log, getenv, "/")
+	if cfg, err = sizeStreamsAndSessions(cfg, log, getenv); err != nil {
+		return err
+	}
 	logProcs(log, getenv)
 	startGCPacer(ctx, log, getenv)
 	s, err := newServer(cfg, log)
