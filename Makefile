@@ -61,8 +61,9 @@ microbench:
 
 # The benchmark report (bench/README.md): the seed bug in network namespaces
 # with kube-proxy's iptables rules, overhead against direct/nginx/HAProxy,
-# failover, placement, a rolling update (--drain proactive vs on-failure).
-# About 8 minutes on 2 cores; -full runs longer.
+# failover, placement, a rolling update (--drain proactive vs on-failure),
+# open streams (RSS and CPU per open SSE stream against nginx and HAProxy).
+# About 14 minutes on 2 cores; -full runs longer.
 # Installs nginx, haproxy, redis-server and iptables with apt when missing.
 bench bench-report:
 	cd bench && $(GO) run ./cmd/tetherbench -out results -readme README.md

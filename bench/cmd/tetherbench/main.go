@@ -3,13 +3,14 @@
 // summary, one SVG chart per scenario, the raw figures as JSON) and, with
 // -readme, replaces the figures block of bench/README.md.
 //
-//	tetherbench [report] [-full] [-out DIR] [-scenarios seed,overhead,failover,placement,rollout]
+//	tetherbench [report] [-full] [-out DIR] [-scenarios seed,overhead,failover,placement,rollout,streams]
 //	tetherbench cpu [-tether A,B] [-rounds N]   proxy CPU per 1,000 follow-ups only, quickly
 //
 // The other commands are the roles it runs as separate processes:
 //
 //	tetherbench backends ...        go-sdk MCP backends (internal/mcpbackend) in their own process
 //	tetherbench drive ...           a proxy pod's traffic: sessions plus a periodic health probe
+//	tetherbench sse-backend ...     the open-streams scenario's backend: holds every GET open as an SSE stream
 //	tetherbench tether-profiled ... tether wired in-process, with a CPU profile
 //
 // Everything it starts listens on 127.0.0.1, or on addresses inside network
@@ -47,12 +48,14 @@ func run(args []string) int {
 		err = backendsCommand(ctx, args)
 	case "drive":
 		err = driveCommand(ctx, args)
+	case "sse-backend":
+		err = sseBackendCommand(ctx, args)
 	case "tether-profiled":
 		err = profiledTetherCommand(ctx, args)
 	case "cpu":
 		err = cpuCommand(ctx, args)
 	default:
-		err = fmt.Errorf("unknown command %q (want report, cpu, backends, drive or tether-profiled)", cmd)
+		err = fmt.Errorf("unknown command %q (want report, cpu, backends, drive, sse-backend or tether-profiled)", cmd)
 	}
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "tetherbench:", err)

@@ -155,14 +155,16 @@ func treeUsage(pids ...int) usage {
 	var u usage
 	for pid := range in {
 		f, ok := statFields(pid)
-		if !ok || len(f) < 13 {
+		if !ok {
 			continue
 		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64) // utime: field 14 of stat, 12 after "pid (comm) state"
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		u.CPU += time.Duration(ut+st) * time.Second / clkTck
-		u.User += time.Duration(ut) * time.Second / clkTck
-		u.Sys += time.Duration(st) * time.Second / clkTck
+		ut, st, ok := statTimes(f)
+		if !ok {
+			continue
+		}
+		u.CPU += ut + st
+		u.User += ut
+		u.Sys += st
 		u.RSSKiB += rssKiB(pid)
 		u.Switches += contextSwitches(pid)
 	}
@@ -204,12 +206,31 @@ func statFields(pid int) ([]string, bool) {
 	if err != nil {
 		return nil, false
 	}
-	s := string(b)
+	return parseStat(string(b))
+}
+
+// parseStat splits a /proc/PID/stat line after "(comm)", whose comm may
+// hold spaces and parentheses of its own.
+func parseStat(s string) ([]string, bool) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return nil, false
 	}
 	return strings.Fields(s[i+1:]), true
+}
+
+// statTimes is utime and stime from parseStat's fields: fields 14 and 15
+// of /proc/PID/stat, 12 and 13 after "pid (comm) state", in clock ticks.
+func statTimes(f []string) (user, sys time.Duration, ok bool) {
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return time.Duration(ut) * time.Second / clkTck, time.Duration(st) * time.Second / clkTck, true
 }
 
 // contextSwitches sums the context switches of pid's threads.
@@ -240,7 +261,13 @@ func rssKiB(pid int) int64 {
 	if err != nil {
 		return 0
 	}
-	for l := range strings.Lines(string(b)) {
+	return parseVmRSS(string(b))
+}
+
+// parseVmRSS is the VmRSS line of /proc/PID/status, in KiB; 0 without
+// one (a zombie, a kernel thread).
+func parseVmRSS(status string) int64 {
+	for l := range strings.Lines(status) {
 		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
 			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return n

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -39,6 +40,8 @@ type reportEnv struct {
 	// rolloutWaitMS makes the rolling update's calls stay in flight that
 	// long (the wait tool); 0: echo.
 	rolloutWaitMS int
+	// streams is the open-streams scenario's shape.
+	streams streamsConfig
 }
 
 func reportCommand(ctx context.Context, args []string) error {
@@ -46,7 +49,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	full := fs.Bool("full", false, "longer runs and more rounds (make bench-full)")
 	out := fs.String("out", "results", "directory for the summary, charts and raw figures")
 	readme := fs.String("readme", "", "README whose figures block (between the markers) is replaced with the summary")
-	scenarios := fs.String("scenarios", "seed,overhead,failover,placement,rollout", "comma-separated scenarios to run")
+	scenarios := fs.String("scenarios", "seed,overhead,failover,placement,rollout,streams", "comma-separated scenarios to run")
 	tetherBin := fs.String("tether", "", "tether binary (default: go build ./cmd/tether into a temp dir)")
 	profile := fs.Bool("profile", false, "also profile tether in-process under load (always on with -full)")
 	keep := fs.Bool("keep", false, "keep the temp dir with the child processes' logs and configs")
@@ -55,6 +58,9 @@ func reportCommand(ctx context.Context, args []string) error {
 	rolloutDrainRate := fs.Float64("rollout-drain-rate", 0, "tether's --drain-rate in the proactive rolling updates (0: tether's default)")
 	rolloutWaitMS := fs.Int("rollout-wait-ms", 0, "the rolling update's calls stay in flight this long on the backend (its wait tool; 0: echo, which answers at once)")
 	failoverKills := fs.Int("failover-kills", 1, "graceful kills in the failover scenario per protocol (HTTP/1.1 and h2c), each a run of its own with fresh sessions (rare races need many; the abrupt kill runs once)")
+	streamsSizes := fs.String("streams-sizes", "1000,5000,10000", "open streams per run of the streams scenario, comma-separated (a fresh proxy per size)")
+	streamsWindow := fs.Duration("streams-window", 10*time.Second, "the streams scenario's CPU windows, pinging and idle (30s with -full unless set)")
+	streamsPing := fs.Duration("streams-ping", 15*time.Second, "the streams scenario's interval between two pings of one stream")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,7 +73,14 @@ func reportCommand(ctx context.Context, args []string) error {
 	if *failoverKills < 1 {
 		return fmt.Errorf("-failover-kills %d: want at least 1", *failoverKills)
 	}
-	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills, manySessions: *manySessions, rollouts: *rollouts, rolloutDrainRate: *rolloutDrainRate, rolloutWaitMS: *rolloutWaitMS}
+	if _, ok := set["streams-window"]; *full && !ok {
+		*streamsWindow = 30 * time.Second
+	}
+	streams, err := parseStreamsConfig(*streamsSizes, *streamsWindow, *streamsPing)
+	if err != nil {
+		return err
+	}
+	env := &reportEnv{full: *full, profile: *profile || *full, outDir: *out, failoverKills: *failoverKills, manySessions: *manySessions, rollouts: *rollouts, rolloutDrainRate: *rolloutDrainRate, rolloutWaitMS: *rolloutWaitMS, streams: streams}
 	start := time.Now()
 	env.logf = func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -148,6 +161,18 @@ func reportCommand(ctx context.Context, args []string) error {
 			writeSVG(env, "rollout.svg", rolloutChart(r))
 		}
 	}
+	if want["streams"] && ctx.Err() == nil {
+		env.logf("scenario 6: open streams")
+		if r, err := runStreams(ctx, env); err != nil {
+			fail("streams", err)
+		} else {
+			rep.Streams = r
+			for _, f := range r.failures() {
+				fail("streams", errors.New(f))
+			}
+			writeSVG(env, "streams.svg", streamsChart(r))
+		}
+	}
 	rep.Failed = failed
 	rep.LoadAfter = loadAvg()
 	rep.Elapsed = time.Since(start).Round(time.Second).String()
@@ -197,6 +222,7 @@ type report struct {
 	Failover              *failoverResult
 	Placement             *placementResult
 	Rollout               *rolloutResult
+	Streams               *streamsResult
 	Failed                []string
 }
 
@@ -230,6 +256,10 @@ func (r *report) markdown() string {
 	if r.Rollout != nil {
 		b.WriteString("\n### 5. Rolling update\n\n![rollout](results/rollout.svg)\n\n")
 		b.WriteString(rolloutMarkdown(r.Rollout))
+	}
+	if r.Streams != nil {
+		b.WriteString("\n### 6. Open streams\n\n![streams](results/streams.svg)\n\n")
+		b.WriteString(streamsMarkdown(r.Streams))
 	}
 	return b.String()
 }
@@ -271,6 +301,9 @@ func (r *report) targetsMarkdown() string {
 	}
 	if r.Rollout != nil {
 		r.Rollout.rolloutTargets(row)
+	}
+	if r.Streams != nil {
+		r.Streams.streamsTargets(row)
 	}
 	return b.String()
 }
@@ -324,7 +357,7 @@ func commandLine(full bool, scenarios string, set map[string]string) string {
 		if full {
 			c += " -full"
 		}
-		for _, f := range []string{"rollouts", "rollout-drain-rate", "rollout-wait-ms"} {
+		for _, f := range []string{"rollouts", "rollout-drain-rate", "rollout-wait-ms", "streams-sizes", "streams-window", "streams-ping"} {
 			if v, ok := set[f]; ok {
 				c += " -" + f + " " + v
 			}
