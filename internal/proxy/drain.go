@@ -161,17 +161,28 @@ func (p *Proxy) Drain(id string) (DrainState, bool) {
 
 // RunDrains starts a drain for every endpoint that should be drained and
 // stops those whose endpoint left or came back, until ctx ends.
+//
+// Every change of the endpoint set (a pod terminating, an operator's
+// drain) wakes it (EndpointsChanged); the drainRelist tick is a second
+// look while some drain runs, and with none it does not tick: an idle
+// sidecar has no timer firing for the drains.
 func (p *Proxy) RunDrains(ctx context.Context) {
-	t := time.NewTicker(drainRelist)
+	t := time.NewTimer(drainRelist)
 	defer t.Stop()
 	for {
-		p.syncDrains(ctx)
+		var tick <-chan time.Time
+		if p.syncDrains(ctx) {
+			t.Reset(drainRelist)
+			tick = t.C
+		} else {
+			t.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			p.syncDrains(ctx) // stops them all
 			return
 		case <-p.drains.changed:
-		case <-t.C:
+		case <-tick:
 		}
 	}
 }
@@ -190,7 +201,9 @@ func (p *Proxy) draining(ep *balancer.Endpoint) (reason string, ok bool) {
 	return "", false
 }
 
-func (p *Proxy) syncDrains(ctx context.Context) {
+// syncDrains starts and stops drains as draining says, and reports
+// whether some drain runs.
+func (p *Proxy) syncDrains(ctx context.Context) bool {
 	want := map[string]*balancer.Endpoint{}
 	reasons := map[string]string{}
 	if ctx.Err() == nil {
@@ -223,6 +236,7 @@ func (p *Proxy) syncDrains(ctx context.Context) {
 			p.drain(rctx, run)
 		}()
 	}
+	running := len(d.runs) > 0
 	d.mu.Unlock()
 	for _, run := range stopped {
 		run.cancel()
@@ -230,6 +244,7 @@ func (p *Proxy) syncDrains(ctx context.Context) {
 		p.active.dropReplays(run.ep)
 		p.log.Info("drain ended", "backend", run.ep.String(), "moved", run.moved.Load())
 	}
+	return running
 }
 
 // drain moves run.ep's sessions until ctx ends (the endpoint left, or is
