@@ -14,13 +14,10 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/tether-mcp/tether/internal/proxy"
 	"github.com/tether-mcp/tether/internal/session"
-	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 const (
@@ -341,19 +338,7 @@ func TestSizeStreamsAndSessions(t *testing.T) {
 func TestServeLogsDerivedLimits(t *testing.T) {
 	backend := httptest.NewServer(http.NotFoundHandler())
 	defer backend.Close()
-	admin := testkit.FreeAddr(t)
-	cmd := exec.Command(os.Args[0], "serve", "--backends", backend.URL, "--listen", "127.0.0.1:0", "--admin-listen", admin)
-	cmd.Env = append(os.Environ(), "TETHER_TEST_MAIN=1", "GOMEMLIMIT=256MiB", "TETHER_MAX_STREAMS=300", "TETHER_MAX_SESSIONS=")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "process ready")
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
-	}
+	logged := serveUntilSIGTERM(t, []string{"GOMEMLIMIT=256MiB", "TETHER_MAX_STREAMS=300", "TETHER_MAX_SESSIONS="}, "--backends", backend.URL)
 
 	nofile, _ := openFileLimit()
 	want := deriveLimits(256<<20, nofile, proxy.DefaultMaxInflightBodyBytes, 300, 0)
@@ -362,8 +347,8 @@ func TestServeLogsDerivedLimits(t *testing.T) {
 		fmt.Sprintf("max_sessions=%d max_sessions_from=%s", want.Sessions, want.SessionsFrom),
 		"memory_limit=268435456 memory_limit_from=GOMEMLIMIT",
 	} {
-		if !strings.Contains(stderr.String(), w) {
-			t.Errorf("log %q: want %s", stderr.String(), w)
+		if !strings.Contains(logged, w) {
+			t.Errorf("log %q: want %s", logged, w)
 		}
 	}
 }

@@ -127,19 +127,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestProcessSignalsAndExitCodes(t *testing.T) {
 	backend := httptest.NewServer(http.NotFoundHandler())
 	defer backend.Close()
-	admin := testkit.FreeAddr(t)
-	cmd := exec.Command(os.Args[0], "serve", "--backends", backend.URL, "--listen", "127.0.0.1:0", "--admin-listen", admin, "--shutdown-grace", "2s")
-	cmd.Env = append(os.Environ(), "TETHER_TEST_MAIN=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "process ready")
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
-	}
+	serveUntilSIGTERM(t, nil, "--backends", backend.URL, "--shutdown-grace", "2s")
 
 	bad := exec.Command(os.Args[0], "serve", "--balancer", "nope", "--backends", backend.URL)
 	bad.Env = append(os.Environ(), "TETHER_TEST_MAIN=1")
@@ -151,4 +139,25 @@ func TestProcessSignalsAndExitCodes(t *testing.T) {
 	if len(lines) != 1 || !strings.HasPrefix(lines[0], "tether: --balancer") {
 		t.Errorf("bad flag output %q, want one line", out)
 	}
+}
+
+// serveUntilSIGTERM runs `tether serve args...` as its own process, with env
+// added to the test's, until it is ready, then sends SIGTERM and fails
+// unless it exits with status 0. It returns what the process logged.
+func serveUntilSIGTERM(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	admin := testkit.FreeAddr(t)
+	cmd := exec.Command(os.Args[0], append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", admin}, args...)...)
+	cmd.Env = append(append(os.Environ(), "TETHER_TEST_MAIN=1"), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool { return testkit.Status("http://"+admin+"/readyz") == 200 }, "process ready")
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	return stderr.String()
 }
