@@ -1,0 +1,16 @@
+//go:build !linux
+
+package poll
+
+import "syscall"
+
+// sys is empty: there is no Wait to make without epoll.
+type sys struct{}
+
+func newWait(source, watch syscall.Conn, fire func(Event)) (*Wait, error) {
+	return nil, ErrUnsupported
+}
+
+func (w *Wait) arm() error { return ErrUnsupported }
+func (w *Wait) wake() bool { return false }
+func (w *Wait) close()     {}
