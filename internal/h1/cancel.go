@@ -74,4 +74,8 @@ func (c *conn) cancelLocked(cause error) {
 		c.onCancel = nil
 		go f()
 	}
+	if f := c.onDetachedCancel; f != nil {
+		c.onDetachedCancel = nil
+		go f()
+	}
 }

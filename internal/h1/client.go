@@ -631,6 +631,13 @@ func (b *Body) Read(p []byte) (int, error) {
 	}
 }
 
+// SetReader makes br the reader the body reads from: its owner may give
+// the reader's buffer back while nothing is buffered in it (a stream idle
+// between events), and take another for the next read, which must read
+// the same connection. The body's framing state is its own, not the
+// reader's.
+func (b *Body) SetReader(br *bufio.Reader) { b.br = br }
+
 // Close marks the body closed: later reads fail. It does not read what is
 // left of the body, and must not be called while a Read runs (the caller
 // closes the connection to end a blocked Read).

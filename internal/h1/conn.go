@@ -169,6 +169,13 @@ type conn struct {
 	cancel       context.CancelCauseFunc
 	onCancel     func()
 	stopOnCancel func() bool
+
+	// detach is set by Detach while the handler runs: the answer outlives
+	// the handler, and detach runs once the connection's goroutine has let
+	// go of it (detach.go). onDetachedCancel is Detach's cancelled,
+	// guarded by mu.
+	detach           func()
+	onDetachedCancel func()
 }
 
 type watchState uint8
@@ -211,31 +218,32 @@ func (c *conn) maxHead() int {
 	return n + 4096
 }
 
-// serve reads requests and answers them until the connection closes, or
-// hands it over.
+// serve reads requests and answers them until the connection closes, is
+// handed over, or carries a detached answer (detach.go).
 func (c *conn) serve() {
 	handedOff := false
+	var ready func()
 	defer func() {
 		if v := recover(); v != nil {
 			// A bug of this package (handler panics are recovered where the
 			// handler runs): log it, as net/http does, and drop the connection.
 			c.srv.logf("h1: panic serving %s: %v\n%s", c.remote, v, stack())
+			ready = nil
 		}
-		c.mu.Lock()
-		if c.watch != watchReading {
-			c.watch = watchOff // a tick still to come does nothing
-		}
-		c.mu.Unlock()
-		if !handedOff {
-			c.state.Store(stateClosed)
-			if c.linger {
-				c.closeWriteAndWait()
+		switch {
+		case ready != nil:
+			// The answer is the Detached's now, and the connection with it.
+			ready()
+		case handedOff:
+			c.mu.Lock()
+			if c.watch != watchReading {
+				c.watch = watchOff // a tick still to come does nothing
 			}
-			c.rwc.Close()
-			putReadBuffer(c.buf)
-			c.buf, c.r, c.w = nil, 0, 0
+			c.mu.Unlock()
+			c.srv.untrack(c)
+		default:
+			c.close()
 		}
-		c.srv.untrack(c)
 	}()
 	for {
 		h, err := c.readHead()
@@ -249,7 +257,29 @@ func (c *conn) serve() {
 		if !c.serveRequest(&h) {
 			return
 		}
+		if c.detach != nil {
+			ready, c.detach = c.detach, nil
+			return
+		}
 	}
+}
+
+// close closes the connection, once no request runs on it, and forgets
+// it.
+func (c *conn) close() {
+	c.mu.Lock()
+	if c.watch != watchReading {
+		c.watch = watchOff // a tick still to come does nothing
+	}
+	c.mu.Unlock()
+	c.state.Store(stateClosed)
+	if c.linger {
+		c.closeWriteAndWait()
+	}
+	c.rwc.Close()
+	putReadBuffer(c.buf)
+	c.buf, c.r, c.w = nil, 0, 0
+	c.srv.untrack(c)
 }
 
 // readHead reads the next request's head. It returns errHandOff for a
@@ -535,6 +565,15 @@ func (c *conn) serveRequest(h *head) bool {
 	}
 
 	aborted := c.runHandler(w, req, fh, h.fields)
+	if c.detach != nil && !aborted {
+		// The answer goes on without its handler (detach.go): the request
+		// stays running, and its context live.
+		c.releaseFields()
+		rb.close(c)
+		c.detached()
+		return true
+	}
+	c.detach = nil
 	c.endRequest()
 	c.releaseFields()
 	rb.close(c)

@@ -187,7 +187,18 @@ func (c *conn) endRequest() {
 		c.mu.Lock()
 	}
 	c.watch = watchOff
+	c.keepPeekedLocked()
+	c.mu.Unlock()
+}
+
+// keepPeekedLocked puts a byte the watch's reader read back into the
+// connection's buffer, for the next request. c.mu is held.
+func (c *conn) keepPeekedLocked() {
 	if c.hasPeeked {
+		if c.buf == nil {
+			c.buf = getReadBuffer()
+			c.r, c.w = 0, 0
+		}
 		c.hasPeeked = false
 		if c.w == len(c.buf) {
 			if c.r > 0 {
@@ -200,5 +211,4 @@ func (c *conn) endRequest() {
 		c.buf[c.w] = c.peeked[0]
 		c.w++
 	}
-	c.mu.Unlock()
 }
