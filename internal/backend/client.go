@@ -613,6 +613,9 @@ type clientBody struct {
 	// nil when the connection is not reused anyway.
 	answer *h1.Answer
 	state  atomic.Int32 // bodyOpen, bodyEOF or bodyClosed
+	// parked: the reader went back to the pool (Park); Read's goroutine
+	// only.
+	parked bool
 }
 
 const (
@@ -628,6 +631,13 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	case bodyClosed:
 		return 0, errBodyClosed
 	}
+	if b.parked {
+		// Idle since Park: a reader again for the bytes that came.
+		b.parked = false
+		b.pc.br = backendReaders.Get().(*bufio.Reader)
+		b.pc.br.Reset(b.pc)
+		b.rc.(*h1.Body).SetReader(b.pc.br)
+	}
 	n, err := b.rc.Read(p)
 	if err != nil {
 		if err == io.EOF {
@@ -642,6 +652,30 @@ func (b *clientBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// Park gives the body's read buffer back to the pool while the stream
+// waits for its next bytes, if nothing is buffered in it, and returns the
+// connection to wait on; the next Read takes a buffer again. A stream open
+// for hours then holds a socket and a few structs, not a 4 KiB buffer.
+// It must be called where Read is (not at the same time), never after
+// Close.
+func (b *clientBody) Park() (net.Conn, bool) {
+	if b.parked {
+		return b.pc.conn, true
+	}
+	body, ok := b.rc.(*h1.Body)
+	pc := b.pc
+	if !ok || b.state.Load() != bodyOpen || pc.br == nil || pc.br.Buffered() > 0 || pc.pending != nil {
+		return nil, false
+	}
+	b.parked = true
+	body.SetReader(nil)
+	br := pc.br
+	pc.br = nil
+	br.Reset(nil)
+	backendReaders.Put(br)
+	return pc.conn, true
 }
 
 // Close closes the connection unless the body was read to its end; it may

@@ -601,3 +601,77 @@ func TestClientResendsRequest(t *testing.T) {
 		t.Errorf("backend read %d requests, want 2", len(got))
 	}
 }
+
+// A stream's body parks between events: with nothing buffered, its reader
+// goes back to the pool (the connection holds none), and the next read
+// takes one again and reads on where the stream was. With bytes buffered
+// it does not park.
+func TestClientBodyParks(t *testing.T) {
+	more := make(chan struct{})
+	b := startRawBackend(t, func(c net.Conn, n int, _ *http.Request) bool {
+		if n > 0 {
+			return answerHello(c, n, nil)
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			"9\r\ndata: 1\n\n\r\n")
+		<-more
+		// The next event in two chunks, the second with the stream's end.
+		io.WriteString(c, "9\r\ndata: 2\n\n\r\n")
+		_, err := io.WriteString(c, "9\r\ndata: 3\n\n\r\n0\r\n\r\n")
+		return err == nil
+	})
+	c := NewClient(Dial)
+	t.Cleanup(c.CloseIdleConnections)
+	resp, err := clientPost(context.Background(), c, b.addr, `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := resp.Body.(*clientBody)
+	buf := make([]byte, 64)
+	if n, err := body.Read(buf); err != nil || string(buf[:n]) != "data: 1\n\n" {
+		t.Fatalf("first event %q, %v", buf[:n], err)
+	}
+	conn, ok := body.Park()
+	if !ok || conn == nil {
+		t.Fatal("an idle body did not park")
+	}
+	if body.pc.br != nil {
+		t.Fatal("a parked body holds its reader")
+	}
+	close(more)
+	var got []byte
+	small := make([]byte, 4)
+	parkedWithBytes := false
+	for {
+		n, err := body.Read(small)
+		got = append(got, small[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after parking: %v", err)
+		}
+		if body.pc.br != nil && body.pc.br.Buffered() > 0 {
+			if _, ok := body.Park(); ok {
+				parkedWithBytes = true
+			}
+		}
+	}
+	if string(got) != "data: 2\n\ndata: 3\n\n" {
+		t.Fatalf("after parking: %q", got)
+	}
+	if parkedWithBytes {
+		t.Fatal("a body with bytes buffered parked")
+	}
+	// Read to its end, the stream gave its connection back.
+	resp, err = clientPost(context.Background(), c, b.addr, `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); got != "hello" {
+		t.Fatalf("next answer %q", got)
+	}
+	if n := b.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1: a parked stream's connection was not reused", n)
+	}
+}

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"context"
 	"net/url"
 	"sync/atomic"
 	"time"
@@ -43,11 +44,13 @@ type Endpoint struct {
 	// listenWeight is what one listen stream adds to Load, in thousandths
 	// (Options.ListenStreamWeight); fixed when the Endpoint is made.
 	listenWeight int64
-	// departed is closed when the endpoint stops taking new work (it left
-	// the set, stopped being Ready, or was ejected), and then replaced by a
-	// fresh channel for the streams of a later readmission. Written with
-	// Balancer.mu held; nil for an Endpoint built by hand (never departs).
-	departed atomic.Pointer[chan struct{}]
+	// departed is cancelled when the endpoint stops taking new work (it
+	// left the set, stopped being Ready, or was ejected), and then replaced
+	// by a fresh one for the streams of a later readmission. A context,
+	// not a channel: a parked stream waits on it with context.AfterFunc,
+	// which takes no goroutine. Written with Balancer.mu held; nil for an
+	// Endpoint built by hand (never departs).
+	departed atomic.Pointer[departure]
 	ejected  atomic.Bool // written with Balancer.mu held, read anywhere
 
 	// Passive health bookkeeping, guarded by Balancer.mu.
@@ -58,8 +61,7 @@ type Endpoint struct {
 
 func newEndpoint(de discovery.Endpoint, listenWeight int64) *Endpoint {
 	e := &Endpoint{ID: de.ID, URL: de.URL, Pod: de.Pod, listenWeight: listenWeight}
-	ch := make(chan struct{})
-	e.departed.Store(&ch)
+	e.departed.Store(newDeparture())
 	if de.URL != nil {
 		e.urlString = de.URL.String()
 	} else {
@@ -148,28 +150,48 @@ func (e *Endpoint) EndListen() { e.listens.Add(-1) }
 // endpoint through this replica.
 func (e *Endpoint) ListenStreams() int64 { return e.listens.Load() }
 
-// Departed returns a channel closed when the endpoint stops taking new work:
-// it leaves the endpoint set, stops being Ready, or is ejected. A
+// departure is what Departure returns, with its cancel.
+type departure struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newDeparture() *departure {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &departure{ctx: ctx, cancel: cancel}
+}
+
+// Departure returns a context cancelled when the endpoint stops taking new
+// work: it leaves the endpoint set, stops being Ready, or is ejected. A
 // long-lived stream on the endpoint takes it when it opens and ends when it
-// is closed, so that its client re-opens it on a live endpoint. Taking it is
-// one atomic load. An Endpoint built by hand returns nil, which never fires.
-func (e *Endpoint) Departed() <-chan struct{} {
-	if ch := e.departed.Load(); ch != nil {
-		return *ch
+// is cancelled, so that its client re-opens it on a live endpoint. Taking it
+// is one atomic load. An Endpoint built by hand returns nil: it never
+// departs.
+func (e *Endpoint) Departure() context.Context {
+	if d := e.departed.Load(); d != nil {
+		return d.ctx
 	}
 	return nil
 }
 
-// departLocked closes the current departure channel and installs a fresh
-// one. Balancer.mu must be held.
+// Departed is Departure's Done channel (nil, which never fires, for an
+// Endpoint built by hand).
+func (e *Endpoint) Departed() <-chan struct{} {
+	if d := e.departed.Load(); d != nil {
+		return d.ctx.Done()
+	}
+	return nil
+}
+
+// departLocked cancels the current departure and installs a fresh one.
+// Balancer.mu must be held.
 func (e *Endpoint) departLocked() {
-	ch := e.departed.Load()
-	if ch == nil {
+	d := e.departed.Load()
+	if d == nil {
 		return
 	}
-	fresh := make(chan struct{})
-	e.departed.Store(&fresh)
-	close(*ch)
+	e.departed.Store(newDeparture())
+	d.cancel()
 }
 
 // Begin records that a request is being forwarded to the endpoint. Pair every
