@@ -147,7 +147,7 @@ func TestDirectRequestAsOutgoing(t *testing.T) {
 						Method: bc.method, URL: target, Host: "mcp.example:8080",
 						Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 					}).WithContext(tc.ctx)
-					x := &exchange{ep: ep, route: rc.route, rec: rc.rec, backendSID: rc.backendSID, header: fieldsOf(hc.h)}
+					x := &exchange{exchangeEnd: exchangeEnd{ep: ep, route: rc.route}, rec: rc.rec, backendSID: rc.backendSID, header: fieldsOf(hc.h)}
 					x.class.Body = bc.body
 					if tc.prop != nil {
 						x.span = trace.SpanFromContext(tc.ctx)
@@ -436,8 +436,11 @@ func TestDirectRequestWriteAllocations(t *testing.T) {
 	r := &http.Request{Method: http.MethodPost, URL: &url.URL{Path: "/mcp"}, Host: "tether"}
 	r = r.WithContext(context.Background())
 	x := &exchange{
-		ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: "10.0.0.1:8080"}},
-		route: routeSticky, rec: &session.Record{ClientSID: "s"}, backendSID: "s",
+		exchangeEnd: exchangeEnd{
+			ep:    &balancer.Endpoint{ID: "b", URL: &url.URL{Scheme: "http", Host: "10.0.0.1:8080"}},
+			route: routeSticky,
+		},
+		rec: &session.Record{ClientSID: "s"}, backendSID: "s",
 		header: h1.Fields{
 			{Name: "Content-Type", Value: "application/json"}, {Name: "Accept", Value: "application/json, text/event-stream"},
 			{Name: "Mcp-Session-Id", Value: "s"}, {Name: "Mcp-Protocol-Version", Value: "2025-06-18"},

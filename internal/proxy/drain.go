@@ -440,9 +440,12 @@ type activity struct {
 	// waker is the draining backend to wake when they have ended.
 	busySince, gateSince int64
 	waker                *balancer.Endpoint
-	// moved is closed when the session moves off the backend of its
-	// streams, which then end; nil while no stream is open.
-	moved chan struct{}
+	// moved is cancelled (endStreams) when the session moves off the
+	// backend of its streams, which then end; nil while no stream is open.
+	// A context, not a channel: a parked stream waits on it with
+	// context.AfterFunc, which takes no goroutine (park.go).
+	moved      context.Context
+	endStreams context.CancelFunc
 	// streamEp is the backend the session's streams are on.
 	streamEp *balancer.Endpoint
 	// replay holds the credentials of a request seen while the session's
@@ -517,7 +520,7 @@ func (t *activities) shard(sid string) *activityShard {
 // enter records a request (or, with stream, a GET stream) of sid, after
 // waiting for a move of the session in progress. A stream gets the channel
 // closed when its session moves off its backend.
-func (t *activities) enter(ctx context.Context, sid string, stream bool) (moved <-chan struct{}, err error) {
+func (t *activities) enter(ctx context.Context, sid string, stream bool) (moved context.Context, err error) {
 	sh := t.shard(sid)
 	gated := false // held at a drain's gate once already
 	for {
@@ -551,7 +554,7 @@ func (t *activities) enter(ctx context.Context, sid string, stream bool) (moved 
 		if stream {
 			a.streams++
 			if a.moved == nil {
-				a.moved = make(chan struct{})
+				a.moved, a.endStreams = context.WithCancel(context.Background())
 			}
 			moved = a.moved
 		} else {
@@ -573,7 +576,8 @@ func (t *activities) leave(sid string, stream bool) (wake *balancer.Endpoint) {
 	if stream {
 		a.streams--
 		if a.streams == 0 {
-			a.moved, a.streamEp, a.streamReplay = nil, nil, nil
+			// (A context of Background's holds nothing to release.)
+			a.moved, a.endStreams, a.streamEp, a.streamReplay = nil, nil, nil, nil
 		}
 	} else {
 		a.requests--
@@ -667,8 +671,8 @@ func (t *activities) endMove(sid string, moved bool) {
 	a.moving = nil
 	if moved {
 		if a.moved != nil {
-			close(a.moved)
-			a.moved = nil
+			a.endStreams()
+			a.moved, a.endStreams = nil, nil
 		}
 		a.streamEp, a.replay = nil, nil
 	}
@@ -707,8 +711,8 @@ func (t *activities) endStreamsMovedOff(ctx context.Context, store session.Store
 		sh := t.shard(sid)
 		sh.mu.Lock()
 		if a, ok := sh.m[sid]; ok && a.streamEp == ep && a.moved != nil {
-			close(a.moved)
-			a.moved, a.streamEp = nil, nil
+			a.endStreams()
+			a.moved, a.endStreams, a.streamEp = nil, nil, nil
 			sh.m[sid] = a
 		}
 		sh.mu.Unlock()

@@ -58,7 +58,11 @@ func (p *Proxy) forwardOnce(w http.ResponseWriter, r *http.Request, x *exchange)
 	case x.class.Op == opListen:
 		// A subscriptions/listen stream: counted as a stream (listen.go).
 		x.ep.BeginListen()
-		defer x.ep.EndListen()
+		defer func() {
+			if !x.parked { // else the stream's end ends it (park.go)
+				x.ep.EndListen()
+			}
+		}()
 	case x.class.Kind != kindStream:
 		x.ep.Begin()
 		defer x.ep.End()
@@ -561,14 +565,13 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		flush(w)
 	}
 	var err error
-	switch {
-	case x.class.Op == opListen && mode == flushEvents:
-		err = copyListen(w, resp.Body, *buf, x.ep.Departed())
-	case x.moved != nil && mode == flushEvents:
-		// A session's GET stream ends when a drain moves the session, so
-		// that its client opens it again, on the new backend.
-		err = copyListen(w, resp.Body, *buf, x.moved)
-	default:
+	if stream && mode == flushEvents {
+		var parked bool
+		parked, err = p.relayEvents(w, r, x, resp, announced, *buf)
+		if parked {
+			return // the stream goes on without the handler (park.go)
+		}
+	} else {
 		err = copyBody(w, resp.Body, *buf, primed, primedErr, mode)
 	}
 	if err != nil {
@@ -593,9 +596,18 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	// Chunked, even if short: a Content-Length answer has no trailers.
 	flush(w)
-	h := w.Header()
-	if len(resp.Trailer) == announced {
-		for k, vv := range resp.Trailer {
+	addTrailers(w.Header(), resp.Trailer, announced)
+}
+
+// addTrailers puts the backend's trailers into h, the client's answer's
+// header after its head was written: as trailers, announced in the head
+// (announced of them were) or under http.TrailerPrefix.
+func addTrailers(h, trailer http.Header, announced int) {
+	if len(trailer) == 0 {
+		return
+	}
+	if len(trailer) == announced {
+		for k, vv := range trailer {
 			for _, v := range vv {
 				h.Add(k, v)
 			}
@@ -603,7 +615,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 		return
 	}
 	// Trailers that were not announced in the headers.
-	for k, vv := range resp.Trailer {
+	for k, vv := range trailer {
 		for _, v := range vv {
 			h.Add(http.TrailerPrefix+k, v)
 		}

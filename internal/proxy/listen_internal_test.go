@@ -2,14 +2,24 @@ package proxy
 
 import (
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/tether-mcp/tether/internal/h1"
 )
 
-// copyListen relays a listen stream until its backend departs, then ends
-// the response cleanly when the client holds whole events only, and
-// aborts it (an error) when the departure cut an event in half.
-func TestCopyListenEndsAtAnEventBoundary(t *testing.T) {
+// relayTo is an eventStream relaying body to rec, as its handler does
+// (no parking: a recorder has no connection).
+func relayTo(rec *httptest.ResponseRecorder, body io.ReadCloser) *eventStream {
+	return &eventStream{w: rec, resp: &h1.Answer{Response: &http.Response{Body: body}}, whole: true}
+}
+
+// A stream relays until it is stopped (its backend departs, its session
+// moves), then ends the response cleanly when the client holds whole
+// events only, and aborts it (an error) when the stop cut an event in
+// half.
+func TestStoppedStreamEndsAtAnEventBoundary(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		sent      string
@@ -21,10 +31,13 @@ func TestCopyListenEndsAtAnEventBoundary(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pr, pw := io.Pipe()
-			departed := make(chan struct{})
 			rec := httptest.NewRecorder()
+			s := relayTo(rec, pr)
 			result := make(chan error, 1)
-			go func() { result <- copyListen(rec, pr, make([]byte, 8), departed) }()
+			go func() {
+				_, err := s.copy(make([]byte, 8), false)
+				result <- err
+			}()
 			if tc.sent != "" {
 				// The pipe hands over a write once it has been read whole, so
 				// the relay has every byte when Write returns.
@@ -32,10 +45,10 @@ func TestCopyListenEndsAtAnEventBoundary(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			close(departed)
+			s.stop()
 			err := <-result
 			if clean := err == nil; clean != tc.wantClean {
-				t.Errorf("copyListen = %v; want a clean end: %v", err, tc.wantClean)
+				t.Errorf("copy = %v; want a clean end: %v", err, tc.wantClean)
 			}
 			if got := rec.Body.String(); got != tc.sent {
 				t.Errorf("client got %q, want %q", got, tc.sent)
@@ -44,19 +57,23 @@ func TestCopyListenEndsAtAnEventBoundary(t *testing.T) {
 	}
 }
 
-// A stream whose backend ends it is relayed to its end, departure or not.
-func TestCopyListenRelaysToTheBackendsEnd(t *testing.T) {
+// A stream whose backend ends it is relayed to its end.
+func TestStreamRelaysToTheBackendsEnd(t *testing.T) {
 	pr, pw := io.Pipe()
 	rec := httptest.NewRecorder()
+	s := relayTo(rec, pr)
 	result := make(chan error, 1)
-	go func() { result <- copyListen(rec, pr, make([]byte, 8), nil) }()
+	go func() {
+		_, err := s.copy(make([]byte, 8), false)
+		result <- err
+	}()
 	const sent = "data: {\"a\":1}\n\n"
 	if _, err := pw.Write([]byte(sent)); err != nil {
 		t.Fatal(err)
 	}
 	pw.Close()
 	if err := <-result; err != nil {
-		t.Errorf("copyListen = %v at the backend's end, want nil", err)
+		t.Errorf("copy = %v at the backend's end, want nil", err)
 	}
 	if rec.Body.String() != sent || !rec.Flushed {
 		t.Errorf("client got %q (flushed %v), want %q flushed", rec.Body.String(), rec.Flushed, sent)

@@ -67,8 +67,7 @@ func (p *Proxy) startServerSpan(r *http.Request, x *exchange) *http.Request {
 }
 
 // finish records the request: metrics, the decision log, the server span.
-func (p *Proxy) finish(r *http.Request, x *exchange) {
-	status := x.out.status
+func (p *Proxy) finish(r *http.Request, x *exchangeEnd, status int) {
 	route, backend := "refused", ""
 	if x.routed {
 		route = x.route.String()
@@ -258,7 +257,7 @@ func (p *Proxy) History(sid string) (SessionHistory, bool) {
 	}, true
 }
 
-func (p *Proxy) recordDecision(x *exchange, status int, now time.Time) {
+func (p *Proxy) recordDecision(x *exchangeEnd, status int, now time.Time) {
 	sid := x.class.SessionID
 	if x.route == routeNew {
 		sid = x.newSID

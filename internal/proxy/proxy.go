@@ -228,37 +228,33 @@ func New(cfg Config) *Proxy {
 // The route step and the forward loop write it; an attempt reads it and
 // writes only the record step's result (newSID) and its own bookkeeping.
 type exchange struct {
+	// What the request's end reads (endExchange), apart: a stream that
+	// goes on without its handler keeps a copy of it, not the exchange.
+	exchangeEnd
+
 	// header is the client's request header. r.Header is nil: h1 gives
 	// the fields as a list (ServeFields), and a map from net/http is made
 	// one (ServeHTTP).
 	header     h1.Fields
-	class      classification
-	route      routeKind
-	rec        *session.Record      // the session record (sticky, reinit, delete)
-	ep         *balancer.Endpoint   // the backend of the current attempt
-	backendSID string               // the session id the backend knows
-	excluded   *balancer.Endpoint   // a backend that failed a dial for this request
-	idempotent bool                 // the request may be sent again once sent, by its method (retry.go)
-	reinit     string               // reason of the re-initialization done for this request, if any
-	routed     bool                 // a decision was made (false: refused before routing)
-	store      string               // tether.store.result of the session lookup: hit, miss, error
-	newSID     string               // the session id a new session got
-	weighed    []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
+	rec        *session.Record    // the session record (sticky, reinit, delete)
+	backendSID string             // the session id the backend knows
+	excluded   *balancer.Endpoint // a backend that failed a dial for this request
+	idempotent bool               // the request may be sent again once sent, by its method (retry.go)
+	store      string             // tether.store.result of the session lookup: hit, miss, error
 	// affinityKey is the value of the affinity header of a session-less
 	// modern request: picks for it go by the key ("" for any other).
 	affinityKey string
 	// taskID is the task a modern tasks/* request names, routed to the
 	// task's backend and never elsewhere ("" for any other request).
 	taskID string
-	// entered: the request is in its session's activity (drain.go), which
-	// it leaves when it ends; moved, for a GET stream, is closed when the
-	// session moves off the stream's backend.
-	entered bool
-	moved   <-chan struct{}
+	// moved, for a GET stream, is cancelled when the session moves off
+	// the stream's backend.
+	moved context.Context
+	// parked: the request's stream went on without its handler (park.go),
+	// whose end ends the request.
+	parked bool
 
-	out   statusRecorder // the client's response writer, remembering the status
-	start time.Time
-	span  trace.Span // the server span; nil when tracing is off
+	out statusRecorder // the client's response writer, remembering the status
 
 	// What attempts share (forward.go): the direct request of every
 	// attempt on tether's own client (direct.go), which writes it before
@@ -266,6 +262,27 @@ type exchange struct {
 	// (outgoingRequest).
 	direct  directRequest
 	getBody func() (io.ReadCloser, error) // rebuilds the request body for the transport
+}
+
+// exchangeEnd is what the end of a request reads (endRequest): to give
+// back what the request held, and to record it.
+type exchangeEnd struct {
+	class   classification
+	route   routeKind
+	ep      *balancer.Endpoint   // the backend of the current attempt
+	reinit  string               // reason of the re-initialization done for this request, if any
+	routed  bool                 // a decision was made (false: refused before routing)
+	newSID  string               // the session id a new session got
+	weighed []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
+	// entered: the request is in its session's activity (drain.go), which
+	// it leaves when it ends.
+	entered bool
+	// What the end gives back: a --max-streams slot, the bytes of the
+	// body reserved (bodies).
+	streamSlot bool
+	bodyHeld   int64
+	start      time.Time
+	span       trace.Span // the server span; nil when tracing is off
 }
 
 // exchanges holds the exchanges of finished requests. An exchange is a
@@ -302,14 +319,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // requests it serves (h1.FieldsHandler).
 func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields) {
 	x := exchanges.Get().(*exchange)
-	defer putExchange(x)
 	x.start, x.header = time.Now(), f
 	x.out.ResponseWriter = w
 	w = &x.out
 	if p.tracer != nil {
 		r = p.startServerSpan(r, x)
 	}
-	defer p.finish(r, x)
+	defer func() {
+		if x.parked {
+			// The stream went on with a copy of what its end needs
+			// (park.go).
+			putExchange(x)
+			return
+		}
+		p.endRequest(r, &x.exchangeEnd, x.out.status)
+		putExchange(x)
+	}()
 
 	if len(r.TransferEncoding) > 0 {
 		// Go's server accepts Content-Length together with
@@ -324,12 +349,10 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 
 	class, rerr := p.classifyBounded(w, r, x.header)
 	x.class = class
-	if class.Body != nil {
-		// The body stays reserved until forwarding is over, retries
-		// included (an initialize body kept in a session record is the
-		// session store's to bound).
-		defer p.bodies.release(int64(cap(class.Body)))
-	}
+	// The body stays reserved until forwarding is over, retries included
+	// (an initialize body kept in a session record is the session store's
+	// to bound).
+	x.bodyHeld = int64(cap(class.Body))
 	if rerr != nil {
 		p.refuse(w, &class, rerr)
 		return
@@ -342,17 +365,32 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 			p.refuse(w, &class, errTooManyStreams)
 			return
 		}
-		defer p.streams.release()
+		x.streamSlot = true
 	}
-	defer p.leaveSession(x)
 	if !p.route(w, r, x) {
 		return
 	}
 	p.forward(w, r, x)
 }
 
+// endRequest ends what ServeFields began: the session's activity, the
+// stream's slot, the body's reservation, and records the request (its
+// metrics, decision and span), which ended with status. It runs when the
+// handler returns, or when a stream that went on without it ends
+// (park.go).
+func (p *Proxy) endRequest(r *http.Request, e *exchangeEnd, status int) {
+	p.leaveSession(e)
+	if e.streamSlot {
+		p.streams.release()
+	}
+	if e.bodyHeld > 0 {
+		p.bodies.release(e.bodyHeld)
+	}
+	p.finish(r, e, status)
+}
+
 // leaveSession ends the request's part in its session's activity.
-func (p *Proxy) leaveSession(x *exchange) {
+func (p *Proxy) leaveSession(x *exchangeEnd) {
 	if !x.entered {
 		return
 	}

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"io"
 	"mime"
+	"net"
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // isEventStream reports whether an answer of Content-Type ct is a
@@ -78,7 +80,34 @@ type eventIDTagger struct {
 }
 
 func newEventIDTagger(body io.ReadCloser, gen uint32) io.ReadCloser {
-	return &eventIDTagger{src: body, br: bufio.NewReaderSize(body, 16<<10), gen: gen, lineStart: true}
+	return &eventIDTagger{src: body, gen: gen, lineStart: true}
+}
+
+// taggerReaders are the taggers' readers, taken at a read and given back
+// while the stream is parked.
+var taggerReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+
+// Park is the backend body's Park (park.go), when nothing is buffered
+// here either: the reader and what pending grew to go back too.
+func (t *eventIDTagger) Park() (net.Conn, bool) {
+	if len(t.pending) > 0 || t.err != nil || t.br != nil && t.br.Buffered() > 0 {
+		return nil, false
+	}
+	pb, ok := t.src.(parkableBody)
+	if !ok {
+		return nil, false
+	}
+	conn, ok := pb.Park()
+	if !ok {
+		return nil, false
+	}
+	if t.br != nil {
+		t.br.Reset(nil)
+		taggerReaders.Put(t.br)
+		t.br = nil
+	}
+	t.pending = nil
+	return conn, true
 }
 
 func (t *eventIDTagger) Read(p []byte) (int, error) {
@@ -96,6 +125,10 @@ func (t *eventIDTagger) Read(p []byte) (int, error) {
 // fill reads one line (blocking), then any further complete lines already
 // buffered, into pending.
 func (t *eventIDTagger) fill() {
+	if t.br == nil {
+		t.br = taggerReaders.Get().(*bufio.Reader)
+		t.br.Reset(t.src)
+	}
 	t.pending = t.pending[:0]
 	for {
 		line, err := t.br.ReadSlice('\n')
