@@ -140,16 +140,7 @@ func (d *Detached) Abort() {
 // connection gives back the buffers the answer does not need.
 func (c *conn) detached() {
 	c.mu.Lock()
-	if c.watch == watchReading {
-		done := c.watchDone
-		c.rdSet = aLongTimeAgo
-		c.rwc.SetReadDeadline(aLongTimeAgo)
-		c.mu.Unlock()
-		<-done
-		c.mu.Lock()
-	}
-	c.watch = watchOff
-	c.keepPeekedLocked()
+	c.stopWatchLocked()
 	c.mu.Unlock()
 	c.resp.release()
 	// The request's fields, kept for the next request (it may be a while),

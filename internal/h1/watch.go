@@ -177,6 +177,14 @@ func (c *conn) backgroundRead() {
 func (c *conn) endRequest() {
 	c.mu.Lock()
 	c.cancelLocked(nil)
+	c.stopWatchLocked()
+	c.mu.Unlock()
+}
+
+// stopWatchLocked ends the request's watch, interrupting the reader if it
+// runs (c.mu is let go while it ends), and puts back a byte it read. c.mu
+// is held.
+func (c *conn) stopWatchLocked() {
 	if c.watch == watchReading {
 		done := c.watchDone
 		// The deadline wanted stays: the next read puts it back.
@@ -188,7 +196,6 @@ func (c *conn) endRequest() {
 	}
 	c.watch = watchOff
 	c.keepPeekedLocked()
-	c.mu.Unlock()
 }
 
 // keepPeekedLocked puts a byte the watch's reader read back into the
