@@ -128,7 +128,7 @@ func TestDeriveLimitsGiven(t *testing.T) {
 		{"both, within the limit", gib, manyFiles, 1000, 2000, 1000, 2000, "flag", "flag", ""},
 		{"streams past the memory", 256 * mib, manyFiles, 50_000, 0, 50_000, minDerivedSessions, "flag", "floor", "more than"},
 		{"sessions past the memory", 256 * mib, manyFiles, 0, 250_000, 0, 250_000, "floor", "flag", "more than"},
-		{"streams given, sessions share what is left", 1 * gib, manyFiles, 15_000, 0, 15_000, 0, "flag", "memory", ""},
+		{"streams given, sessions share what is left", 1 * gib, manyFiles, 90_000, 0, 90_000, 0, "flag", "memory", ""},
 		{"sessions given, streams take the rest", 1 * gib, manyFiles, 0, 1000, 0, 1000, "memory", "flag", ""},
 		{"any int: no overflow", gib, manyFiles, math.MaxInt, 0, math.MaxInt, minDerivedSessions, "flag", "floor", "more than"},
 		{"streams past the open files", noMemoryLimit, 20_000, 50_000, 0, 50_000, session.DefaultMaxSessions, "flag", "default", "open-file limit"},
