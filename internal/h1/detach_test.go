@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"testing"
 )
@@ -127,6 +128,23 @@ func TestDetachedAnswerBytes(t *testing.T) {
 	want := bytes.Replace([]byte(plain), []byte("0\r\n\r\n"), []byte("0\r\nX-End: yes\r\n\r\n"), 1)
 	if detached != string(want) {
 		t.Errorf("detached answer\n%q\nwant\n%q", detached, want)
+	}
+
+	// net/http's server, its handler writing the same answer itself,
+	// trailer included: the same bytes (fields in any order).
+	std := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "first\n\n")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, "second\n\n")
+		w.Header().Set(http.TrailerPrefix+"X-End", "yes")
+	}))
+	t.Cleanup(std.Close)
+	c := dial(t, std.Listener.Addr().String())
+	io.WriteString(c, "GET /detach HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	if got, want := diffNormalAnswer(detached), diffNormalAnswer(dateLine.ReplaceAllString(string(b), "")); got != want {
+		t.Errorf("detached answer\n%q\nnet/http's\n%q", got, want)
 	}
 }
 
