@@ -235,12 +235,7 @@ func (c *conn) serve() {
 			// The answer is the Detached's now, and the connection with it.
 			ready()
 		case handedOff:
-			c.mu.Lock()
-			if c.watch != watchReading {
-				c.watch = watchOff // a tick still to come does nothing
-			}
-			c.mu.Unlock()
-			c.srv.untrack(c)
+			c.forget()
 		default:
 			c.close()
 		}
@@ -267,11 +262,6 @@ func (c *conn) serve() {
 // close closes the connection, once no request runs on it, and forgets
 // it.
 func (c *conn) close() {
-	c.mu.Lock()
-	if c.watch != watchReading {
-		c.watch = watchOff // a tick still to come does nothing
-	}
-	c.mu.Unlock()
 	c.state.Store(stateClosed)
 	if c.linger {
 		c.closeWriteAndWait()
@@ -279,6 +269,18 @@ func (c *conn) close() {
 	c.rwc.Close()
 	putReadBuffer(c.buf)
 	c.buf, c.r, c.w = nil, 0, 0
+	c.forget()
+}
+
+// forget ends the server's part in a connection closed or handed over:
+// a watch tick still to come does nothing, and Shutdown no longer waits
+// for it.
+func (c *conn) forget() {
+	c.mu.Lock()
+	if c.watch != watchReading {
+		c.watch = watchOff
+	}
+	c.mu.Unlock()
 	c.srv.untrack(c)
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tether-mcp/tether/internal/backend"
+	"github.com/tether-mcp/tether/internal/balancer"
 	"github.com/tether-mcp/tether/internal/h1"
 	"github.com/tether-mcp/tether/internal/session"
 )
@@ -576,12 +577,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	if err != nil {
 		resp.Body.Close()
-		if errors.Is(err, errClientWrite) && errors.Is(err, os.ErrDeadlineExceeded) {
-			p.metrics.LimitRejected(limitClientSend)
-		}
-		if !errors.Is(err, errClientWrite) && !errors.Is(err, r.Context().Err()) {
-			p.log.Debug("backend body read failed", "backend", x.ep.String(), "err", err)
-		}
+		p.noteRelayFailure(r, x.ep, err)
 		if r.Context().Value(http.ServerContextKey) == nil {
 			// Not under an http.Server, which would recover the panic
 			// (a handler called directly, as in a benchmark): stop here.
@@ -599,13 +595,22 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	addTrailers(w.Header(), resp.Trailer, announced)
 }
 
+// noteRelayFailure records why an answer was cut off: a client that read
+// nothing for the send timeout counts as a limit; a backend body that
+// broke is logged (a client gone or a request cancelled is not news).
+func (p *Proxy) noteRelayFailure(r *http.Request, ep *balancer.Endpoint, err error) {
+	if errors.Is(err, errClientWrite) && errors.Is(err, os.ErrDeadlineExceeded) {
+		p.metrics.LimitRejected(limitClientSend)
+	}
+	if !errors.Is(err, errClientWrite) && !errors.Is(err, errClientGone) && !errors.Is(err, r.Context().Err()) {
+		p.log.Debug("backend body read failed", "backend", ep.String(), "err", err)
+	}
+}
+
 // addTrailers puts the backend's trailers into h, the client's answer's
 // header after its head was written: as trailers, announced in the head
 // (announced of them were) or under http.TrailerPrefix.
 func addTrailers(h, trailer http.Header, announced int) {
-	if len(trailer) == 0 {
-		return
-	}
 	if len(trailer) == announced {
 		for k, vv := range trailer {
 			for _, v := range vv {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync/atomic"
 	"syscall"
 
@@ -266,12 +265,7 @@ func (s *eventStream) end(err error) {
 	s.unregister()
 	s.resp.Body.Close() // now, to populate the trailers
 	if err != nil {
-		if errors.Is(err, errClientWrite) && errors.Is(err, os.ErrDeadlineExceeded) {
-			p.metrics.LimitRejected(limitClientSend)
-		}
-		if !errors.Is(err, errClientWrite) && !errors.Is(err, errClientGone) && !errors.Is(err, r.Context().Err()) {
-			p.log.Debug("backend body read failed", "backend", s.ex.ep.String(), "err", err)
-		}
+		p.noteRelayFailure(r, s.ex.ep, err)
 		s.d.Abort()
 	} else {
 		if len(s.resp.Trailer) > 0 {

@@ -326,13 +326,11 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 		r = p.startServerSpan(r, x)
 	}
 	defer func() {
-		if x.parked {
-			// The stream went on with a copy of what its end needs
-			// (park.go).
-			putExchange(x)
-			return
+		// A parked stream went on with a copy of what its end needs
+		// (park.go), and ends the request itself.
+		if !x.parked {
+			p.endRequest(r, &x.exchangeEnd, x.out.status)
 		}
-		p.endRequest(r, &x.exchangeEnd, x.out.status)
 		putExchange(x)
 	}()
 
