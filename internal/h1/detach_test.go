@@ -20,8 +20,6 @@ import (
 type detachingHandler struct {
 	more     chan struct{}
 	detached chan *http.Request // the requests whose answers were detached
-	// cancelled, if set, gets Detach's cancelled calls.
-	cancelled chan struct{}
 }
 
 func (h *detachingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -36,11 +34,7 @@ func (h *detachingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic("a committed answer of the fast path has no connection")
 	}
 	var d *Detached
-	var cancelled func()
-	if h.cancelled != nil {
-		cancelled = func() { h.cancelled <- struct{}{} }
-	}
-	d = Detach(w, nil, cancelled)
+	d = Detach(w, nil, nil)
 	if d == nil {
 		panic("Detach refused an answer ClientConn took")
 	}
@@ -216,22 +210,5 @@ func TestShutdownWaitsForDetachedAnswer(t *testing.T) {
 	// The connection closed after the answer: the server is shut.
 	if n, err := c.Read(make([]byte, 1)); err == nil {
 		t.Errorf("read %d bytes after the shutdown's last answer", n)
-	}
-}
-
-// Close cuts a detached answer's connection, and tells its holder, who
-// waits on it with no goroutine of the connection's to see the cut.
-func TestCloseTellsDetachedAnswer(t *testing.T) {
-	h := &detachingHandler{more: make(chan struct{}), detached: make(chan *http.Request, 1), cancelled: make(chan struct{}, 1)}
-	addr, s := startH1(t, h)
-	c := dial(t, addr)
-	io.WriteString(c, "GET /detach HTTP/1.1\r\nHost: x\r\n\r\n")
-	<-h.detached
-	defer close(h.more)
-	s.Close()
-	select {
-	case <-h.cancelled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close cut a detached answer without telling its holder")
 	}
 }

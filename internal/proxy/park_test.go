@@ -83,18 +83,13 @@ type streamClient struct {
 
 func openStream(t *testing.T, addr string) *streamClient {
 	t.Helper()
-	return openStreamAt(t, addr, "/mcp")
-}
-
-func openStreamAt(t *testing.T, addr, target string) *streamClient {
-	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	io.WriteString(conn, "GET "+target+" HTTP/1.1\r\nHost: tether\r\nAccept: text/event-stream\r\n\r\n")
+	io.WriteString(conn, "GET /mcp HTTP/1.1\r\nHost: tether\r\nAccept: text/event-stream\r\n\r\n")
 	c := &streamClient{conn: conn, br: bufio.NewReader(conn)}
 	resp, err := http.ReadResponse(c.br, nil)
 	if err != nil {
@@ -249,89 +244,5 @@ func (c *streamClient) readLine() (string, error) {
 			return "", err
 		}
 		c.pending += string(buf[:n])
-	}
-}
-
-// A stream that stalls, its client not reading or its backend stopping in
-// the middle of an event, holds up no other: a wake relays on the
-// poller's goroutine only until a read or a write would wait.
-func TestStalledStreamsHoldUpNoOther(t *testing.T) {
-	var slowWritten atomic.Int64
-	halfRest, halfSent := make(chan struct{}), make(chan struct{})
-	next := make(chan struct{})
-	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		switch r.URL.Query().Get("kind") {
-		case "slow":
-			// Small events, more than the sockets between here and a
-			// client that reads nothing can hold (bounded: 64 MiB).
-			event := "data: " + strings.Repeat("x", 1000) + "\n\n"
-			for range 64 << 10 {
-				if _, err := io.WriteString(w, event); err != nil {
-					return
-				}
-				w.(http.Flusher).Flush()
-				slowWritten.Add(int64(len(event)))
-			}
-		case "half":
-			io.WriteString(w, "data: {\"n\":")
-			w.(http.Flusher).Flush()
-			close(halfSent)
-			select {
-			case <-halfRest:
-			case <-r.Context().Done():
-				return
-			}
-			io.WriteString(w, "1}\n\n")
-			w.(http.Flusher).Flush()
-		default:
-			for n := 1; ; n++ {
-				select {
-				case <-next:
-				case <-r.Context().Done():
-					return
-				}
-				fmt.Fprintf(w, "data: {\"n\":%d}\n\n", n)
-				w.(http.Flusher).Flush()
-			}
-		}
-		<-r.Context().Done()
-	}))
-	t.Cleanup(backend.Close)
-	h := newStaticHarness(t, backend.URL)
-	addr := strings.TrimPrefix(h.front.URL, "http://")
-
-	ok := openStreamAt(t, addr, "/mcp?kind=ok")
-	waitFor(t, "the stream to park", func() bool { return tetherGoroutines() <= 4 })
-	next <- struct{}{}
-	if got := readEvent(t, ok); got != 1 {
-		t.Fatalf("event %d, want 1", got)
-	}
-
-	// The slow stream's client reads nothing: once the sockets are full,
-	// the backend's writes stop.
-	openStreamAt(t, addr, "/mcp?kind=slow")
-	waitFor(t, "the slow stream's sockets to fill", func() bool {
-		before := slowWritten.Load()
-		time.Sleep(50 * time.Millisecond)
-		return before > 0 && slowWritten.Load() == before
-	})
-	next <- struct{}{}
-	if got := readEvent(t, ok); got != 2 {
-		t.Fatalf("event %d, want 2", got)
-	}
-
-	// Half an event, then nothing: its relay waits for the rest.
-	half := openStreamAt(t, addr, "/mcp?kind=half")
-	<-halfSent
-	next <- struct{}{}
-	if got := readEvent(t, ok); got != 3 {
-		t.Fatalf("event %d, want 3", got)
-	}
-	close(halfRest)
-	if got := readEvent(t, half); got != 1 {
-		t.Fatalf("the half event completed as %d, want 1", got)
 	}
 }
