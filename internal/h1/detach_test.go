@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"testing"
+	"time"
 )
 
 // detachingHandler writes "first" and flushes; then, on /detach and
@@ -19,6 +20,8 @@ import (
 type detachingHandler struct {
 	more     chan struct{}
 	detached chan *http.Request // the requests whose answers were detached
+	// cancelled, if set, gets Detach's cancelled calls.
+	cancelled chan struct{}
 }
 
 func (h *detachingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,7 +36,11 @@ func (h *detachingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic("a committed answer of the fast path has no connection")
 	}
 	var d *Detached
-	d = Detach(w, nil, nil)
+	var cancelled func()
+	if h.cancelled != nil {
+		cancelled = func() { h.cancelled <- struct{}{} }
+	}
+	d = Detach(w, nil, cancelled)
 	if d == nil {
 		panic("Detach refused an answer ClientConn took")
 	}
@@ -96,7 +103,10 @@ func TestDetachedAnswer(t *testing.T) {
 	if resp.Trailer.Get("X-End") != "yes" {
 		t.Errorf("trailer %v", resp.Trailer)
 	}
-	if r.Context().Err() == nil {
+	// The last chunk reaches the client just before the request ends.
+	select {
+	case <-r.Context().Done():
+	case <-time.After(10 * time.Second):
 		t.Error("the request's context is live after its answer ended")
 	}
 
@@ -206,5 +216,22 @@ func TestShutdownWaitsForDetachedAnswer(t *testing.T) {
 	// The connection closed after the answer: the server is shut.
 	if n, err := c.Read(make([]byte, 1)); err == nil {
 		t.Errorf("read %d bytes after the shutdown's last answer", n)
+	}
+}
+
+// Close cuts a detached answer's connection, and tells its holder, who
+// waits on it with no goroutine of the connection's to see the cut.
+func TestCloseTellsDetachedAnswer(t *testing.T) {
+	h := &detachingHandler{more: make(chan struct{}), detached: make(chan *http.Request, 1), cancelled: make(chan struct{}, 1)}
+	addr, s := startH1(t, h)
+	c := dial(t, addr)
+	io.WriteString(c, "GET /detach HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-h.detached
+	defer close(h.more)
+	s.Close()
+	select {
+	case <-h.cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close cut a detached answer without telling its holder")
 	}
 }

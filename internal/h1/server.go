@@ -226,6 +226,14 @@ func (s *Server) Close() error {
 	s.mu.Lock()
 	for c := range s.conns {
 		c.state.Store(stateClosed)
+		c.mu.Lock()
+		if c.onDetachedCancel != nil {
+			// A detached answer is waited on by whoever holds it, not by
+			// a goroutine of the connection's: its poller sees no event
+			// for a connection closed under it, so it is told.
+			c.cancelLocked(http.ErrServerClosed)
+		}
+		c.mu.Unlock()
 		c.rwc.Close()
 	}
 	s.mu.Unlock()

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -83,13 +85,30 @@ type streamClient struct {
 
 func openStream(t *testing.T, addr string) *streamClient {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
+	return openStreamAt(t, addr, "/mcp", 0)
+}
+
+// openStreamAt opens a GET stream at target; a receive buffer above 0 is
+// set on the socket before it connects (so the window it offers is small).
+func openStreamAt(t *testing.T, addr, target string, receiveBuffer int) *streamClient {
+	t.Helper()
+	d := net.Dialer{}
+	if receiveBuffer > 0 {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, receiveBuffer)
+			})
+			return errors.Join(err, serr)
+		}
+	}
+	conn, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	io.WriteString(conn, "GET /mcp HTTP/1.1\r\nHost: tether\r\nAccept: text/event-stream\r\n\r\n")
+	io.WriteString(conn, "GET "+target+" HTTP/1.1\r\nHost: tether\r\nAccept: text/event-stream\r\n\r\n")
 	c := &streamClient{conn: conn, br: bufio.NewReader(conn)}
 	resp, err := http.ReadResponse(c.br, nil)
 	if err != nil {
@@ -245,4 +264,108 @@ func (c *streamClient) readLine() (string, error) {
 		}
 		c.pending += string(buf[:n])
 	}
+}
+
+// A stream that stalls, its client not reading or its backend stopping in
+// the middle of an event, holds up no other: a wake relays on the
+// poller's goroutine only until a read or a write would wait.
+func TestStalledStreamsHoldUpNoOther(t *testing.T) {
+	var slowWritten atomic.Int64
+	halfRest, halfSent := make(chan struct{}), make(chan struct{})
+	next := make(chan struct{})
+	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		switch r.URL.Query().Get("kind") {
+		case "slow":
+			// Small events, more than the sockets between here and a
+			// client that reads nothing can hold: the backend's and the
+			// client's buffers are small (below), tether's own sockets
+			// keep the kernel's sizes. Bounded at 16 MiB.
+			event := "data: " + strings.Repeat("x", 1000) + "\n\n"
+			for range 16 << 10 {
+				if _, err := io.WriteString(w, event); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				slowWritten.Add(int64(len(event)))
+			}
+		case "half":
+			io.WriteString(w, "data: {\"n\":")
+			w.(http.Flusher).Flush()
+			close(halfSent)
+			select {
+			case <-halfRest:
+			case <-r.Context().Done():
+				return
+			}
+			io.WriteString(w, "1}\n\n")
+			w.(http.Flusher).Flush()
+		default:
+			for n := 1; ; n++ {
+				select {
+				case <-next:
+				case <-r.Context().Done():
+					return
+				}
+				fmt.Fprintf(w, "data: {\"n\":%d}\n\n", n)
+				w.(http.Flusher).Flush()
+			}
+		}
+		<-r.Context().Done()
+	}))
+	backend.Listener = smallSendBuffers{backend.Listener}
+	backend.Start()
+	t.Cleanup(backend.Close)
+	h := newStaticHarness(t, backend.URL)
+	addr := strings.TrimPrefix(h.front.URL, "http://")
+
+	ok := openStreamAt(t, addr, "/mcp?kind=ok", 0)
+	waitFor(t, "the stream to park", func() bool { return tetherGoroutines() <= 4 })
+	next <- struct{}{}
+	if got := readEvent(t, ok); got != 1 {
+		t.Fatalf("event %d, want 1", got)
+	}
+
+	// The slow stream's client reads nothing: once the sockets are full,
+	// the backend's writes stop.
+	openStreamAt(t, addr, "/mcp?kind=slow", 4<<10)
+	waitFor(t, "the slow stream's sockets to fill", func() bool {
+		before := slowWritten.Load()
+		time.Sleep(50 * time.Millisecond)
+		return before > 0 && slowWritten.Load() == before
+	})
+	if slowWritten.Load() >= 16<<10*1008 {
+		t.Fatalf("the slow stream's backend wrote all %d bytes: nothing stalled", slowWritten.Load())
+	}
+	t.Logf("the slow stream stalled after %d KiB", slowWritten.Load()>>10)
+	next <- struct{}{}
+	if got := readEvent(t, ok); got != 2 {
+		t.Fatalf("event %d, want 2", got)
+	}
+
+	// Half an event, then nothing: its relay waits for the rest.
+	half := openStreamAt(t, addr, "/mcp?kind=half", 0)
+	<-halfSent
+	next <- struct{}{}
+	if got := readEvent(t, ok); got != 3 {
+		t.Fatalf("event %d, want 3", got)
+	}
+	close(halfRest)
+	if got := readEvent(t, half); got != 1 {
+		t.Fatalf("the half event completed as %d, want 1", got)
+	}
+}
+
+// smallSendBuffers gives each accepted connection a small send buffer, so
+// that a client that reads nothing stops the backend's writes early.
+type smallSendBuffers struct{ net.Listener }
+
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetWriteBuffer(4 << 10)
+	}
+	return c, err
 }
