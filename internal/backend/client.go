@@ -511,7 +511,9 @@ func (pc *clientConn) release(reuse bool) {
 		return
 	}
 	// Only the goroutine that reads the answer gets here: the reader
-	// goes back to the pool, and the idle connection holds no buffer.
+	// goes back to the pool, and the idle connection holds no buffer,
+	// nor the wait hook a parked stream set on it (Park).
+	h1.OnWait(pc.conn, nil)
 	pc.br.Reset(nil)
 	backendReaders.Put(pc.br)
 	pc.br = nil
@@ -659,7 +661,9 @@ func (b *clientBody) Read(p []byte) (int, error) {
 // connection to wait on; the next Read takes a buffer again. A stream open
 // for hours then holds a socket and a few structs, not a 4 KiB buffer.
 // It must be called where Read is (not at the same time), never after
-// Close.
+// Close. The connection is a RawIO one, whose waits the caller may hook
+// (h1.OnWait) while the body is its: the hook is cleared when the
+// connection goes back to the pool.
 func (b *clientBody) Park() (net.Conn, bool) {
 	if b.parked {
 		return b.pc.conn, true

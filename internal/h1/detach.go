@@ -93,6 +93,11 @@ func (d *Detached) FlushError() error {
 	return err
 }
 
+// OnWait makes f run before a write of the answer waits for the client's
+// socket, as the package's OnWait does for the connection; Finish and
+// Abort clear it.
+func (d *Detached) OnWait(f func()) bool { return OnWait(d.c.io, f) }
+
 // Header is the answer's header map, as the handler's ResponseWriter's:
 // what is set in it now (under http.TrailerPrefix, or announced in the
 // Trailer header) is sent as trailers by Finish.
@@ -107,6 +112,7 @@ func (d *Detached) Finish() {
 	c.mu.Lock()
 	c.onDetachedCancel = nil // the request ends here, not by a cancellation
 	c.mu.Unlock()
+	OnWait(c.io, nil)
 	w.buffers()
 	w.finish()
 	c.endRequest()
@@ -129,6 +135,7 @@ func (d *Detached) Abort() {
 	c.mu.Lock()
 	c.onDetachedCancel = nil // the request ends here, not by a cancellation
 	c.mu.Unlock()
+	OnWait(c.io, nil)
 	c.endRequest()
 	c.resp.release()
 	clear(c.header)

@@ -53,6 +53,23 @@ type rawConn struct {
 	// not yet).
 	bound   *sendBound
 	boundAt int
+	// onWait runs before a read or write waits for the socket (OnWait).
+	onWait func()
+}
+
+// OnWait makes f run before any read or write of c waits for its socket
+// (f nil: nothing), on the goroutine about to wait, which holds c's read
+// or write lock then (f must not use c): a fire running on the poller's
+// goroutine hands it off there (poll.Wait.Handoff). It reports whether c
+// is a connection RawIO made raw, whose waits it can see; any other's it
+// cannot, and f is not set. Whoever sets f clears it before c can be
+// used by another.
+func OnWait(c net.Conn, f func()) bool {
+	rc, ok := c.(*rawConn)
+	if ok {
+		rc.onWait = f
+	}
+	return ok
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -112,6 +129,9 @@ func (c *rawConn) readOnce(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			if c.onWait != nil {
+				c.onWait()
+			}
 			return false
 		case 0:
 			c.rn = int(n)
@@ -220,6 +240,9 @@ func (c *rawConn) writeAll(fd uintptr) bool {
 				// is safe: deadlines take no lock of the fd's.)
 				c.boundAt = c.wn
 				c.bound.waiting()
+			}
+			if c.onWait != nil {
+				c.onWait()
 			}
 			return false
 		case 0:

@@ -9,17 +9,19 @@
 // connection (the watch) are registered with one epoll instance, which
 // one goroutine of the process waits on. When the backend sends bytes, or
 // ends, or the client hangs up, or another goroutine calls Wake, the Wait
-// fires: its function runs on a new goroutine, which relays what there is
-// to relay and arms the Wait again, or ends the stream. An idle stream
-// thus holds no goroutine, only a slot in a table and its registrations
-// in the kernel; and a process with nothing to relay sleeps in that one
-// epoll_wait, with no timer to wake it.
+// fires: its function runs, on a new goroutine or the poller's own,
+// relays what there is to relay and arms the Wait again, or ends the
+// stream. An idle stream thus holds no goroutine, only a slot in a table
+// and its registrations in the kernel; and a process with nothing to
+// relay sleeps in that one epoll_wait, with no timer to wake it.
 //
 // A fire says there is something to do, not that a read will find bytes:
 // Readable may be the source's end, and the events of a fire are what the
 // kernel reported, which the fire's goroutine then checks with reads of
 // its own. Until that goroutine arms the Wait again (or closes it), the
-// stream is that goroutine's.
+// stream is that goroutine's. A fire may also run on the poller's own
+// goroutine (SetInline), the cheapest way to relay a few bytes, as long
+// as it does not wait.
 //
 // The caller owns the connections: a Wait never reads, writes or closes
 // them, and a connection is in at most one Wait at a time. Close the Wait
@@ -50,6 +52,9 @@ const (
 	Hangup
 	// Woken: Wake was called.
 	Woken
+	// Inline: the fire runs on the poller's goroutine (SetInline), which
+	// it must give up (Handoff) before it waits for anything.
+	Inline
 )
 
 func (e Event) String() string {
@@ -60,7 +65,7 @@ func (e Event) String() string {
 	for _, b := range []struct {
 		bit  Event
 		name string
-	}{{Readable, "Readable"}, {Hangup, "Hangup"}, {Woken, "Woken"}} {
+	}{{Readable, "Readable"}, {Hangup, "Hangup"}, {Woken, "Woken"}, {Inline, "Inline"}} {
 		if e&b.bit != 0 {
 			parts = append(parts, b.name)
 			e &^= b.bit
@@ -116,6 +121,23 @@ func (w *Wait) Arm() error { return w.arm() }
 // It may be called any number of times; it reports whether this call made
 // fire run.
 func (w *Wait) Wake() bool { return w.wake() }
+
+// SetInline lets the poller run fire on its own goroutine, with Inline in
+// the events, when the fire is one of a few at once: no goroutine is
+// started for it, nor a thread woken to run that. The caller promises
+// that such a fire calls Handoff before anything that may wait (a read
+// that finds no bytes, a write that finds no room, a lock held across
+// I/O): every Wait's events wait while it runs. Call it before the first
+// Arm.
+func (w *Wait) SetInline() { w.setInline() }
+
+// Handoff, called by a fire running with Inline, gives the poller's
+// goroutine up: the poller goes on on a new one, and the fire may wait as
+// on any goroutine. A fire without Inline, or one that handed off
+// already, may call it too: it does nothing then. It must not be called
+// by anything but the Wait's fire (a hook of its connections, say) while
+// the fire runs.
+func (w *Wait) Handoff() { w.handoff() }
 
 // Close deregisters the connections. No fire starts after Close returns
 // (one already started may still be running, and one may be what calls

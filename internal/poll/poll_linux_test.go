@@ -233,7 +233,7 @@ func TestBothInOneFire(t *testing.T) {
 		{Fd: int32(w.slot), Pad: int32(g)},
 		{Fd: int32(w.slot | watchBit), Pad: int32(g)},
 	}
-	thePoller.dispatch(evs, nil)
+	dispatch(evs)
 	expectFire(t, fired, Readable|Hangup)
 }
 
@@ -608,10 +608,10 @@ func TestSlotReuse(t *testing.T) {
 		// Events as the kernel would return them for the new wait's slot,
 		// with the generations of the closed wait's Arm and of the
 		// registration before any Arm.
-		thePoller.dispatch([]syscall.EpollEvent{
+		dispatch([]syscall.EpollEvent{
 			{Fd: int32(w.slot), Pad: int32(oldGen)},
 			{Fd: int32(w.slot), Pad: 0},
-		}, nil)
+		})
 		if s := w.state.Load(); phaseOf(s) != phaseArmed || genOf(s) != gen {
 			t.Fatalf("stale events ended the Arm: phase %d, generation %d (armed: %d)", phaseOf(s), genOf(s), gen)
 		}
@@ -621,7 +621,7 @@ func TestSlotReuse(t *testing.T) {
 
 		// An event of the previous Arm of the same wait is stale too.
 		arm(t, w)
-		thePoller.dispatch([]syscall.EpollEvent{{Fd: int32(w.slot), Pad: int32(gen)}}, nil)
+		dispatch([]syscall.EpollEvent{{Fd: int32(w.slot), Pad: int32(gen)}})
 		expectNone(t, fired, "an event of the previous Arm")
 	})
 
@@ -682,4 +682,92 @@ func TestSlotReuse(t *testing.T) {
 			}
 		}
 	})
+}
+
+// dispatch ends the Arms that evs, a batch made up as the kernel would
+// return it, are events of, as the poller would: each fire on a goroutine
+// of its own.
+func dispatch(evs []syscall.EpollEvent) {
+	for _, e := range thePoller.collect(evs, nil) {
+		e.w.end(e.gen, e.ev)
+	}
+}
+
+// A fire on the poller's goroutine that hands it off may wait: the next
+// runner fires the other waits meanwhile.
+func TestHandoff(t *testing.T) {
+	p := newPairs(t)
+	a, aPeer := p.pair(t)
+	b, bPeer := p.pair(t)
+
+	release := make(chan struct{})
+	firedA := make(chan Event, 4)
+	var wa *Wait
+	wa, err := NewWait(a, nil, func(ev Event) {
+		wa.Handoff()
+		wa.Handoff() // a second does nothing
+		firedA <- ev
+		<-release // waits, as a read finding no bytes would
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wa.Close)
+	wa.SetInline()
+	wb, firedB := testWait(t, b, nil)
+	wb.SetInline()
+	arm(t, wa)
+	arm(t, wb)
+
+	write(t, aPeer, "a")
+	expectFire(t, firedA, Readable|Inline)
+	write(t, bPeer, "b")
+	expectFire(t, firedB, Readable|Inline)
+	close(release)
+	readN(t, a, "a")
+	readN(t, b, "b")
+
+	// The poller goes on with the runner the handoff made.
+	arm(t, wb)
+	write(t, bPeer, "c")
+	expectFire(t, firedB, Readable|Inline)
+}
+
+// Without SetInline, or in a burst, fires run on goroutines of their own
+// (no Inline); a small batch's run on the runner's goroutine.
+func TestInlineOnlyWhereAllowed(t *testing.T) {
+	p := newPairs(t)
+	a, aPeer := p.pair(t)
+	w, fired := testWait(t, a, nil)
+	arm(t, w)
+	write(t, aPeer, "a")
+	expectFire(t, fired, Readable)
+	readN(t, a, "a")
+
+	// A made-up batch, fired by a runner of the test's own: inline for a
+	// few waits, not for a burst of more than maxInline.
+	for _, size := range []int{2, maxInline + 1} {
+		ends := make([]ending, size)
+		chans := make([]<-chan Event, size)
+		for i := range ends {
+			c, _ := p.pair(t)
+			w, fired := testWait(t, c, nil)
+			w.SetInline()
+			arm(t, w)
+			ends[i] = ending{w, genOf(w.state.Load()), Readable}
+			chans[i] = fired
+		}
+		r := newRunner(thePoller)
+		r.fire(ends)
+		want := Readable | Inline
+		if size > maxInline {
+			want = Readable
+		}
+		for _, fired := range chans {
+			expectFire(t, fired, want)
+		}
+		if r.gone {
+			t.Fatal("a runner whose fires did not hand off is gone")
+		}
+	}
 }

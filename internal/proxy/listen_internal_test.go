@@ -35,7 +35,7 @@ func TestStoppedStreamEndsAtAnEventBoundary(t *testing.T) {
 			s := relayTo(rec, pr)
 			result := make(chan error, 1)
 			go func() {
-				_, err := s.copy(make([]byte, 8), false)
+				_, err := s.copy(make([]byte, 8), false, false)
 				result <- err
 			}()
 			if tc.sent != "" {
@@ -64,7 +64,7 @@ func TestStreamRelaysToTheBackendsEnd(t *testing.T) {
 	s := relayTo(rec, pr)
 	result := make(chan error, 1)
 	go func() {
-		_, err := s.copy(make([]byte, 8), false)
+		_, err := s.copy(make([]byte, 8), false, false)
 		result <- err
 	}()
 	const sent = "data: {\"a\":1}\n\n"

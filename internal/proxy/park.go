@@ -24,9 +24,13 @@ import (
 // its answer (h1.Detach) and returns, the backend body gives its reader
 // back (its Park), and the process's one poller (internal/poll) waits on
 // the backend's socket for the next bytes and on the client's for a
-// hang-up. What wakes it relays on a goroutine of its own, with pooled
-// buffers, until the stream is idle again (park) or ends (end). A parked
-// stream holds its sockets, the exchange and a few structs.
+// hang-up. What wakes it relays, with pooled buffers, until the stream is
+// idle again (park) or ends (end): on the poller's own goroutine, most
+// often, which is the cheapest (poll.Wait.SetInline), until a read or a
+// write would wait (both connections' waits hand the poller's goroutine
+// off: h1.OnWait), inlineBudget bytes have gone through, or the stream
+// ends. A parked stream holds its sockets, the exchange and a few
+// structs.
 //
 // A stream ends, at an event boundary, when its backend departs (a listen
 // stream, see listen.go) or its session moves (a drain, drain.go): both
@@ -91,19 +95,27 @@ func (p *Proxy) relayEvents(w http.ResponseWriter, r *http.Request, x *exchange,
 		// that its client opens it again, on the new backend.
 		s.stops[1] = context.AfterFunc(x.moved, s.stop)
 	}
-	parked, err = s.copy(buf, false)
+	parked, err = s.copy(buf, false, false)
 	if !parked {
 		s.unregister()
 	}
 	return parked, err
 }
 
+// inlineBudget is the most a fire on the poller's goroutine relays before
+// it hands the goroutine off: every parked stream's events wait while it
+// runs. An event of a few KiB goes through whole; a stream that carries
+// more than this in one go is busy, and relays on a goroutine of its own.
+const inlineBudget = 64 << 10
+
 // copy relays what the backend sends until the stream parks (parked) or
 // ends: nil at the body's end or at an event boundary after a stop, an
 // error otherwise (the answer is then cut off, not completed, since a
 // client must not take half an event for a whole one). woken says the
 // poller saw bytes to read: the stream reads before it parks again.
-func (s *eventStream) copy(buf []byte, woken bool) (parked bool, err error) {
+// inline says it runs on the poller's goroutine (poll.Inline).
+func (s *eventStream) copy(buf []byte, woken, inline bool) (parked bool, err error) {
+	relayed := 0
 	for {
 		if s.whole {
 			if s.stopped.Load() {
@@ -118,6 +130,10 @@ func (s *eventStream) copy(buf []byte, woken bool) (parked bool, err error) {
 		if n > 0 {
 			if err := s.write(buf[:n]); err != nil {
 				return false, err
+			}
+			if relayed += n; inline && relayed > inlineBudget {
+				s.wait.Load().Handoff()
+				inline = false
 			}
 			s.whole = s.tail.endsEvent(buf[:n])
 			if rerr == nil && s.whole {
@@ -190,6 +206,14 @@ func (s *eventStream) park() bool {
 	// The client's hang-up is the poller's to see while the stream is
 	// parked; the request's cancellation (Shutdown's) is h1's to report.
 	s.d = h1.Detach(s.w, s.armFirst, s.interrupt)
+	// Wakes relay on the poller's goroutine if both connections hand it
+	// off before they wait. The hooks go with the connections: the
+	// backend's when it goes back to the pool, the client's with the
+	// answer's end.
+	handoff := wait.Handoff
+	if h1.OnWait(conn, handoff) && s.d.OnWait(handoff) {
+		wait.SetInline()
+	}
 	s.ex, s.status = s.x.exchangeEnd, s.x.out.status
 	s.x.parked = true
 	// Nothing of the exchange is used from here on: it is reused once the
@@ -210,8 +234,8 @@ func (s *eventStream) armFirst() {
 	}
 }
 
-// wake runs on a goroutine of its own when the parked stream has
-// something to do.
+// wake runs when the parked stream has something to do: on a goroutine
+// of its own, or the poller's (poll.Inline).
 func (s *eventStream) wake(ev poll.Event) {
 	if ev&poll.Hangup != 0 {
 		s.end(errClientGone)
@@ -222,7 +246,7 @@ func (s *eventStream) wake(ev poll.Event) {
 		return
 	}
 	buf := streamCopyBuffers.Get().(*[]byte)
-	parked, err := s.copy(*buf, true)
+	parked, err := s.copy(*buf, true, ev&poll.Inline != 0)
 	streamCopyBuffers.Put(buf)
 	if !parked {
 		s.end(err)
@@ -261,6 +285,9 @@ func (s *eventStream) unregister() {
 // the handler's would have.
 func (s *eventStream) end(err error) {
 	p, r := s.p, s.r
+	// The answer's last writes, and the exchange's end, may wait: not on
+	// the poller's goroutine.
+	s.wait.Load().Handoff()
 	s.wait.Load().Close()
 	s.unregister()
 	s.resp.Body.Close() // now, to populate the trailers
