@@ -27,7 +27,9 @@ import (
 // registration until the next Arm modifies it (EPOLL_CTL_MOD), which is
 // also when the kernel checks readiness again, so readiness is
 // level-triggered at Arm and an Arm yields at most one event per
-// connection. Every epoll_ctl runs inside RawConn.Control, which holds
+// connection. The watch is the exception: it is armed once and stays
+// armed across Arms until its event (a hang-up is for good), which then
+// ends whichever Arm is current, or makes the next Arm arm it again. Every epoll_ctl runs inside RawConn.Control, which holds
 // the descriptor open: a Close of the connection in the meantime cannot
 // make its number name another file under us.
 //
@@ -126,6 +128,13 @@ type sys struct {
 	// modified the registrations (no later fire runs before that).
 	inlineOK atomic.Bool
 	running  atomic.Pointer[runner]
+	// The watch is armed once, not at every Arm (see modify): watchGen is
+	// the generation its registration carries (0: not armed yet), and
+	// watchFired says an event of it came, which disabled it (one-shot):
+	// the next Arm arms it again, and the kernel, level-triggered, reports
+	// the hang-up again.
+	watchGen   atomic.Uint32
+	watchFired atomic.Bool
 	// mu makes Arm's and Close's epoll_ctl calls one at a time, so that
 	// no Arm modifies a registration after Close removed it (the
 	// connection may be in a new Wait by then).
@@ -299,8 +308,17 @@ func (w *Wait) modify(g uint32) error {
 	if err := w.src.do(syscall.EPOLL_CTL_MOD, srcEvents, w.slot, g, false); err != nil {
 		return err
 	}
-	if w.watch.rc != nil {
-		return w.watch.do(syscall.EPOLL_CTL_MOD, watchEvents, w.slot, g, true)
+	// The watch stays armed from one Arm to the next until its event: a
+	// hang-up is for good, so its event ends whichever Arm is current when
+	// it comes (collect), and one that comes while no Arm waits is seen
+	// again when this re-arms it. One epoll_ctl per Arm instead of two.
+	if w.watch.rc != nil && (w.watchGen.Load() == 0 || w.watchFired.Swap(false)) {
+		wg := nextGen()
+		w.watchGen.Store(wg)
+		if err := w.watch.do(syscall.EPOLL_CTL_MOD, watchEvents, w.slot, wg, true); err != nil {
+			w.watchGen.Store(0)
+			return err
+		}
 	}
 	return nil
 }
@@ -540,7 +558,8 @@ func (p *poller) collect(evs []syscall.EpollEvent, ends []ending) []ending {
 	for i := range evs {
 		slot, gen := uint32(evs[i].Fd), uint32(evs[i].Pad)
 		ev := Readable
-		if slot&watchBit != 0 {
+		watch := slot&watchBit != 0
+		if watch {
 			slot &^= watchBit
 			ev = Hangup
 		}
@@ -550,6 +569,16 @@ func (p *poller) collect(evs []syscall.EpollEvent, ends []ending) []ending {
 		w := p.slots[slot]
 		if w == nil {
 			continue
+		}
+		if watch {
+			// Armed across Arms (modify): its generation is its own, and
+			// its event is for the Arm current now. The flag first: an
+			// Arm that begins after this load re-arms the watch.
+			if gen == 0 || gen != w.watchGen.Load() {
+				continue
+			}
+			w.watchFired.Store(true)
+			gen = genOf(w.state.Load())
 		}
 		merged := false
 		if w.watch.rc != nil {

@@ -219,6 +219,31 @@ func TestWatchHangup(t *testing.T) {
 	}
 }
 
+// The watch is armed once, not at every Arm: a hang-up that comes while
+// no Arm waits (a fire runs) is seen at the next Arm, which arms the watch
+// again.
+func TestHangupBetweenArms(t *testing.T) {
+	p := newPairs(t)
+	src, srcPeer := p.pair(t)
+	client, peer := p.pair(t)
+	w, fired := testWait(t, src, client)
+	for range 3 {
+		arm(t, w)
+		write(t, srcPeer, "x")
+		expectFire(t, fired, Readable)
+		readN(t, src, "x")
+	}
+	// Disarmed, as while a fire runs: the hang-up's event finds no Arm.
+	peer.Close()
+	for deadline := time.Now().Add(waitFire); !w.watchFired.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no event for the watch's hang-up in %v", waitFire)
+		}
+	}
+	arm(t, w)
+	expectFire(t, fired, Hangup)
+}
+
 func TestBothInOneFire(t *testing.T) {
 	p := newPairs(t)
 	src, _ := p.pair(t)
@@ -231,7 +256,7 @@ func TestBothInOneFire(t *testing.T) {
 	g := genOf(w.state.Load())
 	evs := []syscall.EpollEvent{
 		{Fd: int32(w.slot), Pad: int32(g)},
-		{Fd: int32(w.slot | watchBit), Pad: int32(g)},
+		{Fd: int32(w.slot | watchBit), Pad: int32(w.watchGen.Load())},
 	}
 	dispatch(evs)
 	expectFire(t, fired, Readable|Hangup)
