@@ -462,7 +462,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 		}
 		return pc, nil
 	}
-	conn, err := c.dial(ctx, "tcp", addr)
+	conn, err := c.dialFor(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -470,6 +470,21 @@ func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 	pc.abortFunc = pc.abort
 	pc.probed = pc.probe.init(conn)
 	return pc, nil
+}
+
+// dialFor dials addr for a request whose context is ctx. The dial runs
+// under a context of its own, cancelled with ctx (h1.AfterCancel): a
+// dialer that derives a context from ctx (a timeout) makes ctx's Done
+// channel and its children's map, which a request h1 serves would then
+// keep for its life, and a stream's life is long (some 350 bytes of each
+// open stream's).
+func (c *Client) dialFor(ctx context.Context, addr string) (net.Conn, error) {
+	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	stop := h1.AfterCancel(ctx, func() { cancel(context.Cause(ctx)) })
+	conn, err := c.dial(dctx, "tcp", addr)
+	stop()
+	return conn, err
 }
 
 func (c *Client) takeIdle(addr string) *clientConn {

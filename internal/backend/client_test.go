@@ -269,6 +269,34 @@ func TestClientContextCancel(t *testing.T) {
 	}
 }
 
+// A dial runs under a context of its own (dialFor), which the request's
+// cancellation still ends, with its cause.
+func TestClientDialEndsWithTheRequest(t *testing.T) {
+	dialing := make(chan struct{})
+	c := NewClient(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		close(dialing)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := clientPost(ctx, c, "127.0.0.1:1", `{}`)
+		done <- err
+	}()
+	<-dialing
+	stop := errors.New("the client went away")
+	cancel(stop)
+	select {
+	case err := <-done:
+		if !errors.Is(err, stop) && !errors.Is(err, context.Canceled) {
+			t.Fatalf("round trip after cancel: %v, want the cancellation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a dial not ended by its request's context")
+	}
+}
+
 // A GET that got no byte of answer on a pooled connection is sent again on
 // a fresh one, as net/http does; a POST is not (the backend may have read
 // it).

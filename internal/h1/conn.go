@@ -108,11 +108,8 @@ type conn struct {
 	buf  []byte
 	r, w int
 
-	body body
-	resp response
-	// url is where the head's URL is parsed, copied into the request's
-	// own (see servedRequest) and cleared.
-	url    url.URL
+	body   body
+	resp   response
 	header http.Header // the response header map, cleared between requests
 	fields Fields      // the request's fields, reused between requests (keptFields)
 
@@ -315,7 +312,7 @@ func (c *conn) readHead() (head, error) {
 			return head{}, errHandOff
 		}
 		if end >= 0 {
-			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0], &c.url)
+			h, ok := parseHead(string(c.buf[c.r:c.r+end]), c.fields[:0])
 			if !ok {
 				return head{}, errHandOff
 			}
@@ -520,8 +517,7 @@ func (c *conn) closeWriteAndWait() {
 func (c *conn) serveRequest(h *head) bool {
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	x := new(servedRequest)
-	x.url = *h.url
-	c.url = url.URL{} // it points into the head
+	x.url = h.url
 	var reqBody io.ReadCloser = http.NoBody
 	var rb *requestBody
 	if h.contentLength > 0 {

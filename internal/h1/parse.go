@@ -23,7 +23,7 @@ import (
 // head is a parsed request head.
 type head struct {
 	method, target string
-	url            *url.URL
+	url            url.URL
 	fields         Fields // without Host, which is host
 	host           string
 	contentLength  int64
@@ -129,13 +129,13 @@ func common[K string | []byte](k K) int {
 const maxHeaderLines = 256
 
 // parseHead parses a request head: block is the head as one string,
-// through the blank line that ends it; its fields are appended to dst,
-// and its URL is u (a new one when u is nil). ok is false when the
+// through the blank line that ends it; its fields are appended to dst.
+// ok is false when the
 // request is not of the fast shape, or is malformed: net/http is to
 // answer it.
-func parseHead(block string, dst Fields, u *url.URL) (h head, ok bool) {
+func parseHead(block string, dst Fields) (h head, ok bool) {
 	line, rest, _ := strings.Cut(block, "\r\n")
-	if h, ok = parseRequestLine(line, u); !ok {
+	if h, ok = parseRequestLine(line); !ok {
 		return head{}, false
 	}
 	// As net/http's server: the Host header is Request.Host, not a field
@@ -337,7 +337,7 @@ func trimOWS(v string) string {
 }
 
 // parseRequestLine parses "METHOD /target HTTP/1.1".
-func parseRequestLine(line string, u *url.URL) (h head, ok bool) {
+func parseRequestLine(line string) (h head, ok bool) {
 	m, rest, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(rest, " ")
 	if !ok1 || !ok2 || proto != "HTTP/1.1" {
@@ -346,13 +346,9 @@ func parseRequestLine(line string, u *url.URL) (h head, ok bool) {
 	if h.method, ok = method(m); !ok {
 		return head{}, false
 	}
-	if u == nil {
-		u = new(url.URL)
-	}
-	if !parseTarget(target, u) {
+	if !parseTarget(target, &h.url) {
 		return head{}, false
 	}
-	h.url = u
 	h.target = target
 	return h, true
 }

@@ -53,7 +53,7 @@ func FuzzParseHead(f *testing.F) {
 			return
 		}
 		in = in[:end]
-		got, ok := parseHead(in, nil, nil)
+		got, ok := parseHead(in, nil)
 		if !ok {
 			return
 		}
@@ -70,8 +70,8 @@ func FuzzParseHead(f *testing.F) {
 				got.method, got.target, got.host, got.contentLength, got.close,
 				want.Method, want.RequestURI, want.Host, want.ContentLength, want.Close)
 		}
-		if *got.url != *want.URL {
-			t.Fatalf("%q: URL %#v, net/http %#v", in, *got.url, *want.URL)
+		if got.url != *want.URL {
+			t.Fatalf("%q: URL %#v, net/http %#v", in, got.url, *want.URL)
 		}
 		if gotHeader := got.fields.Header(); !reflect.DeepEqual(gotHeader, want.Header) {
 			t.Fatalf("%q: header %q, net/http %q", in, gotHeader, want.Header)
@@ -112,7 +112,7 @@ func TestParseSeeds(t *testing.T) {
 	fast := map[int]bool{0: true, 1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 8: true, 9: true, 10: true, 23: true, 24: true}
 	for i, s := range parseSeeds {
 		end, bare := headEnd([]byte(s), 0)
-		_, ok := parseHead(s[:max(end, 0)], nil, nil)
+		_, ok := parseHead(s[:max(end, 0)], nil)
 		ok = ok && !bare && end == len(s)
 		if ok != fast[i] {
 			t.Errorf("seed %d %q: fast %v, want %v", i, s, ok, fast[i])
@@ -216,7 +216,7 @@ func BenchmarkParseHead(b *testing.B) {
 			b.ReportAllocs()
 			var fields Fields // reused, as a connection does
 			for range b.N {
-				h, ok := parseHead(tc.head, fields[:0], nil)
+				h, ok := parseHead(tc.head, fields[:0])
 				if !ok {
 					b.Fatal("not parsed")
 				}
