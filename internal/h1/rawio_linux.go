@@ -31,23 +31,43 @@ func RawIO(c net.Conn) net.Conn {
 		return c
 	}
 	r := &rawConn{TCPConn: tc, rc: rc}
-	// Bound once: a closure per call would allocate.
-	r.readFD, r.readIdleFD, r.writeFD = r.readOnce, r.readIdleOnce, r.writeAll
-	r.writeReadFD = r.writeThenReadOnce
+	// Bound once: a closure per call would allocate. One for the reading
+	// side (which of its steps, readMode says) and one for the writing
+	// side, which may run at the same time.
+	r.readFD, r.writeFD = r.readStep, r.writeAll
 	return r
+}
+
+// The steps of the reading side (rawConn.readMode).
+const (
+	modeRead          = iota // readOnce
+	modeReadIdle             // readIdleOnce
+	modeWriteThenRead        // writeThenReadOnce
+)
+
+// readStep is the step of the read in progress.
+func (c *rawConn) readStep(fd uintptr) bool {
+	switch c.readMode {
+	case modeReadIdle:
+		return c.readIdleOnce(fd)
+	case modeWriteThenRead:
+		return c.writeThenReadOnce(fd)
+	}
+	return c.readOnce(fd)
 }
 
 type rawConn struct {
 	*net.TCPConn
-	rc                                       syscall.RawConn
-	readFD, readIdleFD, writeFD, writeReadFD func(fd uintptr) bool
-	rbuf                                     []byte
-	idleBuf                                  *[]byte // readIdle's buffer
-	rn                                       int
-	rerr                                     syscall.Errno
-	wbuf                                     []byte
-	wn                                       int
-	werr                                     syscall.Errno
+	rc              syscall.RawConn
+	readFD, writeFD func(fd uintptr) bool
+	readMode        uint8
+	rbuf            []byte
+	idleBuf         *[]byte // readIdle's buffer
+	rn              int
+	rerr            syscall.Errno
+	wbuf            []byte
+	wn              int
+	werr            syscall.Errno
 	// bound is the send bound of the write in progress (writeWithin), and
 	// boundAt what of wbuf was written when it last set its deadline (-1:
 	// not yet).
@@ -76,7 +96,7 @@ func (c *rawConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	c.rbuf, c.rn, c.rerr = p, 0, 0
+	c.rbuf, c.rn, c.rerr, c.readMode = p, 0, 0, modeRead
 	err := c.rc.Read(c.readFD)
 	c.rbuf = nil
 	return c.readResult(err)
@@ -88,8 +108,8 @@ func (c *rawConn) Read(p []byte) (int, error) {
 // taken again once there is something to read.
 func (c *rawConn) readIdle(buf *[]byte) (int, error) {
 	c.idleBuf = buf
-	c.rbuf, c.rn, c.rerr = *buf, 0, 0
-	err := c.rc.Read(c.readIdleFD)
+	c.rbuf, c.rn, c.rerr, c.readMode = *buf, 0, 0, modeReadIdle
+	err := c.rc.Read(c.readFD)
 	c.rbuf, c.idleBuf = nil, nil
 	return c.readResult(err)
 }
@@ -157,8 +177,8 @@ func (c *rawConn) readOnce(fd uintptr) bool {
 // Read does.
 func (c *rawConn) WriteThenRead(w, p []byte) (written, n int, err error) {
 	c.wbuf, c.wn, c.werr = w, 0, 0
-	c.rbuf, c.rn, c.rerr = p, 0, 0
-	rerr := c.rc.Read(c.writeReadFD)
+	c.rbuf, c.rn, c.rerr, c.readMode = p, 0, 0, modeWriteThenRead
+	rerr := c.rc.Read(c.readFD)
 	written, c.wbuf, c.rbuf = c.wn, nil, nil
 	switch {
 	case rerr != nil && written < len(w):
