@@ -110,7 +110,7 @@ type conn struct {
 
 	body   body
 	resp   response
-	header http.Header // the response header map, cleared between requests
+	header http.Header // the response header map (made on first use), cleared between requests
 	fields Fields      // the request's fields, reused between requests (keptFields)
 
 	// headDeadline is the header deadline of the head being read, zero
@@ -550,9 +550,6 @@ func (c *conn) serveRequest(h *head) bool {
 	x.req = *r.WithContext(ctx)
 	req := &x.req
 	c.afterPost = h.method == http.MethodPost
-	if c.header == nil {
-		c.header = make(http.Header)
-	}
 	w := &c.resp
 	w.reset(c, req, rb, c.header)
 	w.closeAfter = h.wantsClose

@@ -96,6 +96,13 @@ func (w *response) buffers() *out {
 // moved into it first (each value after those the map has), so that it
 // holds the whole header, as net/http's does.
 func (w *response) Header() http.Header {
+	if w.header == nil {
+		// Made on first use and kept by the connection for its next
+		// answers: a proxy's answers adopt fields and never ask for it,
+		// and an open stream's connection then holds no map.
+		w.header = make(http.Header)
+		w.c.header = w.header
+	}
 	if w.fields != nil {
 		w.fields.AddTo(w.header)
 		w.fields = nil

@@ -43,23 +43,26 @@ func (k kind) String() string { return kindNames[k] }
 
 // classification is everything the router needs to know about a request. It
 // is computed once, before any routing decision.
+//
+// The one-byte fields come first, together: an open stream keeps a copy
+// (eventStream), and padding between them was 16 bytes of each.
 type classification struct {
-	Kind            kind
-	SessionID       string          // Mcp-Session-Id as the client sent it ("" if none)
-	ProtocolVersion string          // MCP-Protocol-Version as the client sent it
-	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
-	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
-	Batch           bool
-	Body            []byte // the complete request body (POST; others only when they have one), kept for forwarding and replay
-
+	Kind  kind
+	Batch bool
 	// Era is the request's protocol era (era.go); Op what its method needs
 	// of routing. Name is the body's params.name (tools/call,
 	// prompts/get), params.uri (resources/read) or params.taskId (tasks/*)
 	// once a modern request's Mcp-Name matched it; "" otherwise.
-	Era    protocolEra
-	Op     op
-	Name   string
-	Params []byte // the raw params of a single message, inside Body; nil if none
+	Era protocolEra
+	Op  op
+
+	SessionID       string          // Mcp-Session-Id as the client sent it ("" if none)
+	ProtocolVersion string          // MCP-Protocol-Version as the client sent it
+	Method          string          // JSON-RPC method of the message (first request of a batch); "" for responses
+	ID              json.RawMessage // JSON-RPC id of a single request, for error replies; nil otherwise
+	Body            []byte          // the complete request body (POST; others only when they have one), kept for forwarding and replay
+	Name            string
+	Params          []byte // the raw params of a single message, inside Body; nil if none
 }
 
 // requestError is a request tether refuses before routing it. It becomes an

@@ -719,7 +719,7 @@ func flush(w http.ResponseWriter) error {
 // reads.
 type eventTail struct {
 	last [3]byte
-	n    int
+	n    uint8
 }
 
 // endsEvent appends b to the stream and reports whether the stream now
@@ -728,11 +728,12 @@ type eventTail struct {
 func (t *eventTail) endsEvent(b []byte) bool {
 	// Keep the last three bytes of the stream.
 	if len(b) >= len(t.last) {
-		t.n = copy(t.last[:], b[len(b)-len(t.last):])
+		t.n = uint8(copy(t.last[:], b[len(b)-len(t.last):]))
 	} else {
-		keep := min(t.n, len(t.last)-len(b))
-		copy(t.last[:], t.last[t.n-keep:t.n])
-		t.n = keep + copy(t.last[keep:], b)
+		n := int(t.n)
+		keep := min(n, len(t.last)-len(b))
+		copy(t.last[:], t.last[n-keep:n])
+		t.n = uint8(keep + copy(t.last[keep:], b))
 	}
 	s := t.last[:t.n]
 	if len(s) < 2 || !isEOL(s[len(s)-1]) || !isEOL(s[len(s)-2]) {

@@ -54,25 +54,27 @@ type eventStream struct {
 	// the exchange goes back to the pool with the handler's return.
 	x      *exchange
 	ex     exchangeEnd
-	status int
-	resp   *h1.Answer
+	status int32
 	// announced is how many trailers the head announced (relay).
-	announced int
-	listen    bool // a subscriptions/listen stream: counted by BeginListen
+	announced int32
+	resp      *h1.Answer
 
 	// The answer: w while the handler runs, d once it is detached.
 	w http.ResponseWriter
 	d *h1.Detached
 
-	tail eventTail
-	// whole says that what reached the client ends with a whole event
-	// (or nothing yet): the stream may park, or end, there.
+	// The small fields together (each open stream keeps this struct):
+	// listen says a subscriptions/listen stream (counted by BeginListen);
+	// whole that what reached the client ends with a whole event (or
+	// nothing yet): the stream may park, or end, there; stopped that the
+	// stream is to end at its next event boundary (its backend departed,
+	// or its session moved).
+	tail     eventTail
+	listen   bool
 	whole    bool
 	parkable bool
+	stopped  atomic.Bool
 	wait     atomic.Pointer[poll.Wait]
-	// stopped says the stream is to end at its next event boundary: its
-	// backend departed, or its session moved.
-	stopped atomic.Bool
 	// stops unregister the AfterFuncs; written before the first park, read
 	// by end (after it, through the poller's hand-off).
 	stops [2]func() bool
@@ -82,7 +84,7 @@ type eventStream struct {
 // stream went on without the handler (the exchange is then the stream's,
 // which ends it); otherwise the stream has ended, cleanly when err is nil.
 func (p *Proxy) relayEvents(w http.ResponseWriter, r *http.Request, x *exchange, resp *h1.Answer, announced int, buf []byte) (parked bool, err error) {
-	s := &eventStream{p: p, r: r, x: x, resp: resp, announced: announced, w: w, whole: true,
+	s := &eventStream{p: p, r: r, x: x, resp: resp, announced: int32(announced), w: w, whole: true,
 		listen: x.class.Op == opListen}
 	_, s.parkable = resp.Body.(parkableBody)
 	if s.listen {
@@ -214,7 +216,7 @@ func (s *eventStream) park() bool {
 	if h1.OnWait(conn, handoff) && s.d.OnWait(handoff) {
 		wait.SetInline()
 	}
-	s.ex, s.status = s.x.exchangeEnd, s.x.out.status
+	s.ex, s.status = s.x.exchangeEnd, int32(s.x.out.status)
 	s.x.parked = true
 	// Nothing of the exchange is used from here on: it is reused once the
 	// handler returns. The answer's request is the exchange's direct
@@ -296,12 +298,12 @@ func (s *eventStream) end(err error) {
 		s.d.Abort()
 	} else {
 		if len(s.resp.Trailer) > 0 {
-			addTrailers(s.d.Header(), s.resp.Trailer, s.announced)
+			addTrailers(s.d.Header(), s.resp.Trailer, int(s.announced))
 		}
 		s.d.Finish()
 	}
 	if s.listen {
 		s.ex.ep.EndListen()
 	}
-	p.endRequest(r, &s.ex, s.status)
+	p.endRequest(r, &s.ex, int(s.status))
 }

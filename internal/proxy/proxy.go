@@ -267,13 +267,9 @@ type exchange struct {
 // exchangeEnd is what the end of a request reads (endRequest): to give
 // back what the request held, and to record it.
 type exchangeEnd struct {
-	class   classification
-	route   routeKind
-	ep      *balancer.Endpoint   // the backend of the current attempt
-	reinit  string               // reason of the re-initialization done for this request, if any
-	routed  bool                 // a decision was made (false: refused before routing)
-	newSID  string               // the session id a new session got
-	weighed []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
+	class  classification
+	route  routeKind
+	routed bool // a decision was made (false: refused before routing)
 	// entered: the request is in its session's activity (drain.go), which
 	// it leaves when it ends.
 	entered bool
@@ -281,6 +277,10 @@ type exchangeEnd struct {
 	// body reserved (bodies).
 	streamSlot bool
 	bodyHeld   int64
+	ep         *balancer.Endpoint   // the backend of the current attempt
+	reinit     string               // reason of the re-initialization done for this request, if any
+	newSID     string               // the session id a new session got
+	weighed    []balancer.Candidate // what the picker weighed (new sessions, re-initializations, traced picks)
 	start      time.Time
 	span       trace.Span // the server span; nil when tracing is off
 }
