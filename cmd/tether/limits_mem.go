@@ -18,12 +18,14 @@ import (
 // memory limit (deriveLimits). When a change moves a cost, measure again and
 // update the number here (docs/operations.md, "Memory", says the same).
 const (
-	// streamMemCost: RSS per open GET stream, 7.5 KB, parked between
-	// events (its Go heap and stacks: 5.1 KB; the rest is the runtime's
-	// poll descriptors and the heap's slack, which the memory limit counts
-	// too): `go run ./hack/streammem -tether BIN -n 2000` with the sidecar
-	// build, 2026-12-04 (43 KB of heap and stacks before streams parked).
-	streamMemCost = 7_500
+	// streamMemCost: RSS per open GET stream, 7.0 KB, parked between
+	// events (its Go heap and stacks: 4.6–4.8 KB; the rest is the
+	// runtime's poll descriptors, the collector's metadata and the heap's
+	// slack, which the memory limit counts too): `go run ./hack/streammem
+	// -tether BIN -n 2000` with the sidecar build, 2026-12-05, two runs
+	// (6.8 and 7.0; 7.4 and 7.5 the day before, 43 KB of heap and stacks
+	// before streams parked).
+	streamMemCost = 7_000
 	// sessionMemCost: RSS per session record of the memory store, its
 	// initialize body shared: (124.8 − 18.2) MiB for 100,000 sessions,
 	// `go run ./hack/sessionmem -tether BIN -sessions 100000` with the
