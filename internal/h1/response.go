@@ -124,7 +124,9 @@ func (w *response) AdoptFields(f Fields) bool {
 	if w.wroteHeader {
 		return false
 	}
-	w.Header() // fields adopted before are the map's
+	if w.fields != nil {
+		w.Header() // fields adopted before are the map's
+	}
 	w.fields = f
 	return true
 }
