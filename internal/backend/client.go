@@ -479,9 +479,21 @@ func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 // keep for its life, and a stream's life is long (some 350 bytes of each
 // open stream's).
 func (c *Client) dialFor(ctx context.Context, addr string) (net.Conn, error) {
-	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	base := context.WithoutCancel(ctx)
+	if d, ok := ctx.Deadline(); ok {
+		// ctx's deadline is the dial's own, so that it fails as a dial
+		// past its deadline does (a timeout), not as a cancelled one.
+		var cancelDeadline context.CancelFunc
+		base, cancelDeadline = context.WithDeadline(base, d)
+		defer cancelDeadline()
+	}
+	dctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
-	stop := h1.AfterCancel(ctx, func() { cancel(context.Cause(ctx)) })
+	stop := h1.AfterCancel(ctx, func() {
+		if err := ctx.Err(); err != context.DeadlineExceeded {
+			cancel(context.Cause(ctx))
+		}
+	})
 	conn, err := c.dial(dctx, "tcp", addr)
 	stop()
 	return conn, err

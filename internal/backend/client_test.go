@@ -297,6 +297,24 @@ func TestClientDialEndsWithTheRequest(t *testing.T) {
 	}
 }
 
+// A request's deadline is its dial's: a dial past it fails as a timeout,
+// as net.Dialer's under the request's own context does.
+func TestClientDialKeepsTheDeadline(t *testing.T) {
+	c := NewClient(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			return nil, errors.New("the dial has no deadline")
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := clientPost(ctx, c, "127.0.0.1:1", `{}`)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("round trip past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+}
+
 // A GET that got no byte of answer on a pooled connection is sent again on
 // a fresh one, as net/http does; a POST is not (the backend may have read
 // it).

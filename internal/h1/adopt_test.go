@@ -184,3 +184,34 @@ func TestAdoptFields(t *testing.T) {
 		}
 	}
 }
+
+// A handler that adopts fields and never asks for the header map (a
+// proxy's) leaves its connection without one: an open stream's connection
+// would keep it for the stream's life.
+func TestAdoptedFieldsMakeNoHeaderMap(t *testing.T) {
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !adopt(w, Fields{{"Content-Type", "text/plain"}, {"X-Adopted", "1"}}) {
+			panic("h1's writer did not adopt the fields")
+		}
+		io.WriteString(w, "hello")
+	}))
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	for range 2 {
+		if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Header.Get("X-Adopted") != "1" {
+			t.Fatalf("header %v", resp.Header)
+		}
+	}
+	if idle := idleConn(t, s); idle.header != nil {
+		t.Errorf("the connection made a header map: %v", idle.header)
+	}
+}

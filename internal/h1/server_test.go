@@ -876,16 +876,10 @@ func TestBodyBuffered(t *testing.T) {
 	}
 }
 
-// TestIdleKeepsNoRequest: a connection waiting for its next request
-// keeps nothing of its last one (its fields would point into the head).
-func TestIdleKeepsNoRequest(t *testing.T) {
-	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, r.URL.Path)
-	}))
-	c := dial(t, addr)
-	br := bufio.NewReader(c)
-	quickRequests(t, c, br, 2)
-	// Wait for the connection to wait for its next request.
+// idleConn waits for the one connection of s to wait for its next request,
+// and returns it.
+func idleConn(t *testing.T, s *Server) *conn {
+	t.Helper()
 	var idle *conn
 	for deadline := time.Now().Add(10 * time.Second); idle == nil; time.Sleep(time.Millisecond) {
 		s.mu.Lock()
@@ -899,6 +893,19 @@ func TestIdleKeepsNoRequest(t *testing.T) {
 			t.Fatal("the connection is not idle 10 s after its answer")
 		}
 	}
+	return idle
+}
+
+// TestIdleKeepsNoRequest: a connection waiting for its next request
+// keeps nothing of its last one (its fields would point into the head).
+func TestIdleKeepsNoRequest(t *testing.T) {
+	addr, s := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.URL.Path)
+	}))
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	quickRequests(t, c, br, 2)
+	idle := idleConn(t, s)
 	if kept := idle.fields[:cap(idle.fields)]; len(idle.fields) != 0 || slices.ContainsFunc(kept, func(f Field) bool { return f != (Field{}) }) {
 		t.Errorf("idle: fields %q kept", kept)
 	}
