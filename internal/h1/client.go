@@ -85,6 +85,16 @@ func (a *Answer) HTTPResponse() *http.Response {
 	return a.Response
 }
 
+// ForgetHead lets go of the answer's fields and status text, for an
+// answer relayed long after its head was (an open stream's): they are
+// substrings of the head, which they would keep for the answer's life.
+// The status code, the framing and the body stay.
+func (a *Answer) ForgetHead() {
+	clear(a.Header[:cap(a.Header)]) // the array the answer's fields are in
+	a.Header = nil
+	a.Status = ""
+}
+
 // AnswerOf returns resp as an Answer, its header made a list of fields
 // (each name's values in their order, the names in the map's); resp.Header
 // is nil after. For a response that came from elsewhere than ReadAnswer

@@ -438,3 +438,31 @@ func BenchmarkReadAnswer(b *testing.B) {
 		}
 	}
 }
+
+// An answer relayed long after its head (an open stream's) lets go of its
+// fields and status text, substrings of the head that would keep it for
+// the answer's life; its status code and its body stay.
+func TestForgetHead(t *testing.T) {
+	in := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" +
+		"Mcp-Session-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: 1\n\r\n1\r\n\n\r\n0\r\n\r\n"
+	a, err := ReadAnswer(bufio.NewReader(strings.NewReader(in)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := a.Header[:cap(a.Header)]
+	if len(a.Header) != 3 {
+		t.Fatalf("fields %v", a.Header)
+	}
+	a.ForgetHead()
+	for i, f := range fields {
+		if f != (Field{}) {
+			t.Errorf("field %d still holds %q: %q", i, f.Name, f.Value)
+		}
+	}
+	if a.Header != nil || a.Status != "" || a.StatusCode != 200 {
+		t.Errorf("after ForgetHead: header %v, status %q, code %d", a.Header, a.Status, a.StatusCode)
+	}
+	if body, err := io.ReadAll(a.Body); err != nil || string(body) != "data: 1\n\n" {
+		t.Errorf("body %q, %v", body, err)
+	}
+}

@@ -150,6 +150,10 @@ func (c *conn) detached() {
 	c.stopWatchLocked()
 	c.mu.Unlock()
 	c.resp.release()
+	// The request and its body were for the head, which is written: a
+	// detached answer lives long (an open stream's life), and the request
+	// is some 480 bytes the handler no longer needs either.
+	c.resp.req, c.resp.body = nil, nil
 	// The request's fields, kept for the next request (it may be a while),
 	// and the answer's adopted ones, rendered with its head: Header builds
 	// a map with what the detached answer adds (its trailers).

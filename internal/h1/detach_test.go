@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -233,5 +234,48 @@ func TestCloseTellsDetachedAnswer(t *testing.T) {
 	case <-h.cancelled:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close cut a detached answer without telling its holder")
+	}
+}
+
+// A detached answer lives as long as its stream, idle for most of it: it
+// keeps nothing of its request, which its handler no longer has either.
+// The request is collected while the answer goes on, and the answer still
+// ends as it should.
+func TestDetachedAnswerKeepsNoRequest(t *testing.T) {
+	collected := make(chan struct{})
+	ready := make(chan struct{})
+	ds := make(chan *Detached, 1)
+	addr, _ := startH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "first\n\n")
+		w.(http.Flusher).Flush()
+		runtime.AddCleanup(r, func(ch chan struct{}) { close(ch) }, collected)
+		ds <- Detach(w, func() { close(ready) }, nil)
+	}))
+	c := dial(t, addr)
+	io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	d := <-ds
+	<-ready
+	deadline := time.Now().Add(10 * time.Second)
+	for done := false; !done; {
+		runtime.GC()
+		select {
+		case <-collected:
+			done = true
+		case <-time.After(10 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("the detached answer keeps its request")
+			}
+		}
+	}
+	io.WriteString(d, "second\n\n")
+	d.FlushError()
+	d.Finish()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "first\n\nsecond\n\n" {
+		t.Errorf("body %q, %v", body, err)
 	}
 }

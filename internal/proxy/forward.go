@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -577,7 +578,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 	}
 	if err != nil {
 		resp.Body.Close()
-		p.noteRelayFailure(r, x.ep, err)
+		p.noteRelayFailure(r.Context(), x.ep, err)
 		if r.Context().Value(http.ServerContextKey) == nil {
 			// Not under an http.Server, which would recover the panic
 			// (a handler called directly, as in a benchmark): stop here.
@@ -598,11 +599,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, resp 
 // noteRelayFailure records why an answer was cut off: a client that read
 // nothing for the send timeout counts as a limit; a backend body that
 // broke is logged (a client gone or a request cancelled is not news).
-func (p *Proxy) noteRelayFailure(r *http.Request, ep *balancer.Endpoint, err error) {
+func (p *Proxy) noteRelayFailure(ctx context.Context, ep *balancer.Endpoint, err error) {
 	if errors.Is(err, errClientWrite) && errors.Is(err, os.ErrDeadlineExceeded) {
 		p.metrics.LimitRejected(limitClientSend)
 	}
-	if !errors.Is(err, errClientWrite) && !errors.Is(err, errClientGone) && !errors.Is(err, r.Context().Err()) {
+	if !errors.Is(err, errClientWrite) && !errors.Is(err, errClientGone) && !errors.Is(err, ctx.Err()) {
 		p.log.Debug("backend body read failed", "backend", ep.String(), "err", err)
 	}
 }

@@ -67,7 +67,7 @@ func (p *Proxy) startServerSpan(r *http.Request, x *exchange) *http.Request {
 }
 
 // finish records the request: metrics, the decision log, the server span.
-func (p *Proxy) finish(r *http.Request, x *exchangeEnd, status int) {
+func (p *Proxy) finish(x *exchangeEnd, status int) {
 	route, backend := "refused", ""
 	if x.routed {
 		route = x.route.String()

@@ -48,7 +48,9 @@ type parkableBody interface {
 // eventStream is one stream's relay.
 type eventStream struct {
 	p *Proxy
-	r *http.Request
+	// ctx is the request's context (the request itself is not kept: a
+	// parked stream would keep it for its life).
+	ctx context.Context
 	// x is the request's exchange while its handler runs; a parked stream
 	// keeps a copy of what its end reads (ex, and the status sent), and
 	// the exchange goes back to the pool with the handler's return.
@@ -84,7 +86,7 @@ type eventStream struct {
 // stream went on without the handler (the exchange is then the stream's,
 // which ends it); otherwise the stream has ended, cleanly when err is nil.
 func (p *Proxy) relayEvents(w http.ResponseWriter, r *http.Request, x *exchange, resp *h1.Answer, announced int, buf []byte) (parked bool, err error) {
-	s := &eventStream{p: p, r: r, x: x, resp: resp, announced: int32(announced), w: w, whole: true,
+	s := &eventStream{p: p, ctx: r.Context(), x: x, resp: resp, announced: int32(announced), w: w, whole: true,
 		listen: x.class.Op == opListen}
 	_, s.parkable = resp.Body.(parkableBody)
 	if s.listen {
@@ -224,7 +226,7 @@ func (s *eventStream) park() bool {
 	s.x, s.w, s.resp.Request = nil, nil, nil
 	// Its head is with the client: its fields (and the backend's head
 	// they are substrings of) are not read again.
-	s.resp.Header = nil
+	s.resp.ForgetHead()
 	return true
 }
 
@@ -243,7 +245,7 @@ func (s *eventStream) wake(ev poll.Event) {
 		s.end(errClientGone)
 		return
 	}
-	if err := s.r.Context().Err(); err != nil {
+	if err := s.ctx.Err(); err != nil {
 		s.end(err)
 		return
 	}
@@ -286,7 +288,7 @@ func (s *eventStream) unregister() {
 // backend's trailers), any other cuts it off; then the exchange ends as
 // the handler's would have.
 func (s *eventStream) end(err error) {
-	p, r := s.p, s.r
+	p := s.p
 	// The answer's last writes, and the exchange's end, may wait: not on
 	// the poller's goroutine.
 	s.wait.Load().Handoff()
@@ -294,7 +296,7 @@ func (s *eventStream) end(err error) {
 	s.unregister()
 	s.resp.Body.Close() // now, to populate the trailers
 	if err != nil {
-		p.noteRelayFailure(r, s.ex.ep, err)
+		p.noteRelayFailure(s.ctx, s.ex.ep, err)
 		s.d.Abort()
 	} else {
 		if len(s.resp.Trailer) > 0 {
@@ -305,5 +307,5 @@ func (s *eventStream) end(err error) {
 	if s.listen {
 		s.ex.ep.EndListen()
 	}
-	p.endRequest(r, &s.ex, int(s.status))
+	p.endRequest(&s.ex, int(s.status))
 }

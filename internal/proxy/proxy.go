@@ -329,7 +329,7 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 		// A parked stream went on with a copy of what its end needs
 		// (park.go), and ends the request itself.
 		if !x.parked {
-			p.endRequest(r, &x.exchangeEnd, x.out.status)
+			p.endRequest(&x.exchangeEnd, x.out.status)
 		}
 		putExchange(x)
 	}()
@@ -376,7 +376,7 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 // metrics, decision and span), which ended with status. It runs when the
 // handler returns, or when a stream that went on without it ends
 // (park.go).
-func (p *Proxy) endRequest(r *http.Request, e *exchangeEnd, status int) {
+func (p *Proxy) endRequest(e *exchangeEnd, status int) {
 	p.leaveSession(e)
 	if e.streamSlot {
 		p.streams.release()
@@ -384,7 +384,7 @@ func (p *Proxy) endRequest(r *http.Request, e *exchangeEnd, status int) {
 	if e.bodyHeld > 0 {
 		p.bodies.release(e.bodyHeld)
 	}
-	p.finish(r, e, status)
+	p.finish(e, status)
 }
 
 // leaveSession ends the request's part in its session's activity.
