@@ -6,7 +6,10 @@
 //	go build -o /tmp/tether ./cmd/tether
 //	go run ./hack/streammem -tether /tmp/tether -n 2000
 //
-// -old measures a binary from before --max-streams existed.
+// -old measures a binary from before --max-streams existed; -detail also
+// prints how each of the runtime's memory figures grew per stream (off the
+// heap too: each socket's runtime poll descriptor is counted in
+// go_memstats_other_sys_bytes).
 package main
 
 import (
@@ -14,9 +17,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +33,8 @@ func main() {
 	bin := flag.String("tether", "", "tether binary")
 	n := flag.Int("n", 2000, "streams")
 	old := flag.Bool("old", false, "the binary has no --max-streams")
+	detail := flag.Bool("detail", false, "also print how each of the runtime's memory figures (go_memstats_*_bytes) grew per stream")
+	settle := flag.Duration("settle", 2*time.Second, "how long after the streams open to measure (past --memory-release-after, 5s, the runtime has given back what the opening left)")
 	flag.Parse()
 
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -56,15 +63,25 @@ func main() {
 	c := openStream(listen)
 	c.Close()
 	time.Sleep(500 * time.Millisecond)
-	rss0, heap0, gr0 := measure(cmd.Process.Pid, admin)
+	rss0, heap0, gr0, stats0 := measure(cmd.Process.Pid, admin)
 	var conns []net.Conn
 	for range *n {
 		conns = append(conns, openStream(listen))
 	}
-	time.Sleep(2 * time.Second)
-	rss1, heap1, gr1 := measure(cmd.Process.Pid, admin)
+	time.Sleep(*settle)
+	rss1, heap1, gr1, stats1 := measure(cmd.Process.Pid, admin)
 	fmt.Printf("%d streams: RSS %+.1f KB/stream, Go heap+stacks %+.1f KB/stream, goroutines %+.1f/stream\n",
 		*n, float64(rss1-rss0)/1024/float64(*n), float64(heap1-heap0)/1024/float64(*n), float64(gr1-gr0)/float64(*n))
+	if *detail {
+		for _, name := range slices.Sorted(maps.Keys(stats1)) {
+			if !strings.HasPrefix(name, "go_memstats_") || !strings.HasSuffix(name, "_bytes") {
+				continue
+			}
+			if d := stats1[name] - stats0[name]; d != 0 {
+				fmt.Printf("  %-45s %+8.0f B/stream\n", name, d/float64(*n))
+			}
+		}
+	}
 	for _, c := range conns {
 		c.Close()
 	}
@@ -83,8 +100,27 @@ func openStream(addr string) net.Conn {
 	return c
 }
 
-// measure returns tether's RSS, its Go heap in use plus stacks, and its goroutines.
-func measure(pid int, admin string) (rss, heap, goroutines int64) {
+// metrics returns tether's metrics without labels (the runtime's among
+// them) by name.
+func metrics(admin string) map[string]float64 {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := map[string]float64{}
+	for _, l := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			m[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return m
+}
+
+// measure returns tether's RSS, its Go heap in use plus stacks, and its
+// goroutines.
+func measure(pid int, admin string) (rss, heap, goroutines int64, stats map[string]float64) {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	for _, l := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
@@ -92,24 +128,7 @@ func measure(pid int, admin string) (rss, heap, goroutines int64) {
 			rss = kb * 1024
 		}
 	}
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		panic(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(body), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes":
-			heap += int64(v)
-		case "go_goroutines":
-			goroutines = int64(v)
-		}
-	}
-	return
+	stats = metrics(admin)
+	heap = int64(stats["go_memstats_heap_inuse_bytes"] + stats["go_memstats_stack_inuse_bytes"])
+	return rss, heap, int64(stats["go_goroutines"]), stats
 }
