@@ -18,14 +18,15 @@ import (
 // memory limit (deriveLimits). When a change moves a cost, measure again and
 // update the number here (docs/operations.md, "Memory", says the same).
 const (
-	// streamMemCost: RSS per open GET stream, 7.0 KB, parked between
-	// events (its Go heap and stacks: 4.6–4.8 KB; the rest is the
-	// runtime's poll descriptors, the collector's metadata and the heap's
-	// slack, which the memory limit counts too): `go run ./hack/streammem
-	// -tether BIN -n 2000` with the sidecar build, 2026-12-05, two runs
-	// (6.8 and 7.0; 7.4 and 7.5 the day before, 43 KB of heap and stacks
-	// before streams parked).
-	streamMemCost = 7_000
+	// streamMemCost: RSS per open GET stream, 6.7 KB, parked between
+	// events, the most of the readings of 2026-12-05 after its trims:
+	// `go run ./hack/streammem -tether BIN -n 2000` with the sidecar build
+	// read 6.0–6.5 KiB (-detail: Go heap and stacks 4.0–4.2 KiB; the two
+	// sockets' runtime poll descriptors 1.2 KiB, off the heap; the
+	// collector's metadata 0.5–0.8 KiB), the bench's streams scenario 5.9–6.2
+	// idle and 6.1–6.3 once events flowed. (7.0–7.5 KiB earlier that day,
+	// 43 KB of heap and stacks before streams parked.)
+	streamMemCost = 6_700
 	// sessionMemCost: RSS per session record of the memory store, its
 	// initialize body shared: (124.8 − 18.2) MiB for 100,000 sessions,
 	// `go run ./hack/sessionmem -tether BIN -sessions 100000` with the
