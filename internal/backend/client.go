@@ -124,6 +124,10 @@ type clientConn struct {
 	stop      func() bool
 	abortFunc func()
 	aborted   atomic.Bool
+	// connMu guards conn against the goroutines that close it (abort, a
+	// body's Close) while Park swaps it; connClosed says one did.
+	connMu     sync.Mutex
+	connClosed bool
 }
 
 // Read reads the answer. The request has been written in full by then,
@@ -182,7 +186,18 @@ func (pc *clientConn) Write(p []byte) (int, error) {
 // per request.
 func (pc *clientConn) abort() {
 	pc.aborted.Store(true)
-	pc.conn.Close()
+	pc.closeConn()
+}
+
+// closeConn closes the connection from any goroutine: one that closes it
+// while the reader's Park swaps it for its sleeping form (h1.Sleep) closes
+// the one in place after the swap.
+func (pc *clientConn) closeConn() {
+	pc.connMu.Lock()
+	pc.connClosed = true
+	conn := pc.conn
+	pc.connMu.Unlock()
+	conn.Close()
 }
 
 func (c *Client) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -531,10 +546,14 @@ func (pc *clientConn) release(reuse bool) {
 		}
 		pc.stop = nil
 	}
-	if !reuse || pc.aborted.Load() || pc.br.Buffered() > 0 {
+	if !reuse || pc.aborted.Load() || pc.br.Buffered() > 0 || h1.Asleep(pc.conn) {
 		// The reader is not pooled: a Close from another goroutine may
-		// end a read still running in it.
-		pc.conn.Close()
+		// end a read still running in it. Nor is an event stream's
+		// connection that slept (Park): its socket is registered with the
+		// stream's poller under the sleeping descriptor, which only the
+		// socket's close is sure to undo once that descriptor is gone; a
+		// stream's end is rare, and the next request dials.
+		pc.closeConn()
 		return
 	}
 	// Only the goroutine that reads the answer gets here: the reader
@@ -688,9 +707,10 @@ func (b *clientBody) Read(p []byte) (int, error) {
 // connection to wait on; the next Read takes a buffer again. A stream open
 // for hours then holds a socket and a few structs, not a 4 KiB buffer.
 // It must be called where Read is (not at the same time), never after
-// Close. The connection is a RawIO one, whose waits the caller may hook
-// (h1.OnWait) while the body is its: the hook is cleared when the
-// connection goes back to the pool.
+// Close. The connection is put to sleep (h1.Sleep: a descriptor, not a
+// net.Conn, while the stream waits), or else is a RawIO one; the caller
+// may hook its waits (h1.OnWait) while the body is its: the hook is
+// cleared when the connection goes back to the pool.
 func (b *clientBody) Park() (net.Conn, bool) {
 	if b.parked {
 		return b.pc.conn, true
@@ -706,7 +726,20 @@ func (b *clientBody) Park() (net.Conn, bool) {
 	pc.br = nil
 	br.Reset(nil)
 	backendReaders.Put(br)
-	return pc.conn, true
+	// The connection sleeps too (h1.Sleep): its socket's descriptor alone,
+	// not a net.Conn, until a read must wait. Its probe's hold on the
+	// net.Conn goes with it: a connection that slept is not pooled again
+	// (release).
+	pc.connMu.Lock()
+	if !pc.connClosed {
+		if conn, ok := h1.Sleep(pc.conn); ok {
+			pc.conn = conn
+			pc.probe, pc.probed = stateProbe{}, false
+		}
+	}
+	conn := pc.conn
+	pc.connMu.Unlock()
+	return conn, true
 }
 
 // Close closes the connection unless the body was read to its end; it may

@@ -709,15 +709,19 @@ func TestClientBodyParks(t *testing.T) {
 	if parkedWithBytes {
 		t.Fatal("a body with bytes buffered parked")
 	}
-	// Read to its end, the stream gave its connection back.
-	resp, err = clientPost(context.Background(), c, b.addr, `{}`)
-	if err != nil {
-		t.Fatal(err)
+	// Parked, the connection slept (h1.Sleep): read to its end, it is
+	// closed, not pooled (its poller registration is under the sleeping
+	// descriptor).
+	if !h1.Asleep(body.pc.conn) {
+		t.Fatalf("a parked body's connection is %T, not asleep", body.pc.conn)
 	}
-	if got := readAll(t, resp); got != "hello" {
-		t.Fatalf("next answer %q", got)
+	c.mu.Lock()
+	idle := c.nidle
+	c.mu.Unlock()
+	if idle != 0 {
+		t.Fatalf("%d idle connections after the stream's end, want none", idle)
 	}
-	if n := b.accepted.Load(); n != 1 {
-		t.Fatalf("%d connections, want 1: a parked stream's connection was not reused", n)
+	if _, err := body.pc.conn.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the stream's connection after its end: %v, want it closed", err)
 	}
 }

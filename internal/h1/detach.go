@@ -120,7 +120,7 @@ func (d *Detached) Finish() {
 	keep := w.err == nil && !w.closeAfter && !c.gone && !c.srv.closing.Load()
 	w.release()
 	clear(c.header)
-	if !keep {
+	if !keep || !c.wake() {
 		c.close()
 		return
 	}
@@ -162,4 +162,44 @@ func (c *conn) detached() {
 		putReadBuffer(c.buf)
 		c.buf, c.r, c.w = nil, 0, 0
 	}
+	// The connection sleeps while the answer waits (Sleep): its socket's
+	// descriptor, not a net.Conn (some 870 bytes less for as long as the
+	// stream is open). The holder watches it through Detached.Conn;
+	// Finish wakes it for the client's next request. The watch is
+	// stopped (above), so nothing of the server's reads it meanwhile.
+	if s, ok := Sleep(c.io); ok {
+		c.mu.Lock()
+		c.rwc, c.io = s, s
+		c.mu.Unlock()
+		c.send.setConn(s)
+	}
+}
+
+// Conn returns the connection of the answer, for its holder to watch (a
+// hang-up, with internal/poll): once the handler has returned, a
+// connection put to sleep (see Sleep), which Finish wakes. It is valid
+// until Finish or Abort.
+func (d *Detached) Conn() net.Conn {
+	c := d.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rwc
+}
+
+// wake makes a connection that slept while its answer was detached a
+// RawIO one again, for its next request; false: it could not be (it is
+// closed or failing), and is to be closed.
+func (c *conn) wake() bool {
+	if !Asleep(c.io) {
+		return true
+	}
+	rwc, io, err := awaken(c.io)
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	c.rwc, c.io = rwc, io
+	c.mu.Unlock()
+	c.send.setConn(rwc)
+	return true
 }

@@ -256,6 +256,9 @@ func TestDetachedAnswerKeepsNoRequest(t *testing.T) {
 	io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
 	d := <-ds
 	<-ready
+	if !Asleep(d.Conn()) {
+		t.Errorf("a detached answer's connection is %T, not asleep", d.Conn())
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for done := false; !done; {
 		runtime.GC()

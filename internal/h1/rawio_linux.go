@@ -85,11 +85,15 @@ type rawConn struct {
 // cannot, and f is not set. Whoever sets f clears it before c can be
 // used by another.
 func OnWait(c net.Conn, f func()) bool {
-	rc, ok := c.(*rawConn)
-	if ok {
+	switch rc := c.(type) {
+	case *rawConn:
 		rc.onWait = f
+		return true
+	case *sleepingConn:
+		rc.setOnWait(f)
+		return true
 	}
-	return ok
+	return false
 }
 
 func (c *rawConn) Read(p []byte) (int, error) {

@@ -64,6 +64,15 @@ func (b *sendBound) init(conn net.Conn, timeout time.Duration) {
 	b.conn, b.timeout = conn, timeout
 }
 
+// setConn makes conn the one whose deadline is set, in place of the one
+// before on the same socket (Sleep), which had the deadline set: conn gets
+// it at the next write.
+func (b *sendBound) setConn(conn net.Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.conn, b.set = conn, time.Time{}
+}
+
 // write writes p to w (the connection, or its RawIO) within the bound. A
 // retry follows a write that made progress, so there are at most len(p)
 // of them, each bounded in time.

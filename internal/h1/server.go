@@ -233,8 +233,9 @@ func (s *Server) Close() error {
 			// for a connection closed under it, so it is told.
 			c.cancelLocked(http.ErrServerClosed)
 		}
+		rwc := c.rwc // a detached answer's sleeps (Sleep) under c.mu
 		c.mu.Unlock()
-		c.rwc.Close()
+		rwc.Close()
 	}
 	s.mu.Unlock()
 	return s.std.Close()

@@ -107,6 +107,17 @@ func NewWait(source, watch syscall.Conn, fire func(Event)) (*Wait, error) {
 	return newWait(source, watch, fire)
 }
 
+// SetWatch registers watch with a Wait that has none (NewWait's watch was
+// nil): for a connection that becomes the one to watch only after the
+// Wait is made (one that h1 puts to sleep when its handler returns, say).
+// Call it before the first Arm. ErrClosed: the Wait is closed.
+func (w *Wait) SetWatch(watch syscall.Conn) error {
+	if watch == nil {
+		return errors.New("poll: SetWatch needs a connection")
+	}
+	return w.setWatch(watch)
+}
+
 // Arm waits for the next event, which makes fire run. It must not be
 // called again before the fire of the previous Arm has started (fire
 // itself may call it). Readiness is level-triggered: bytes already

@@ -140,6 +140,9 @@ type sys struct {
 	// connection may be in a new Wait by then).
 	mu         sync.Mutex
 	src, watch reg // watch.rc is nil without a watch
+	// hasWatch says watch is registered: what collect reads, which
+	// SetWatch may race (w.mu guards watch itself).
+	hasWatch atomic.Bool
 }
 
 // reg is a connection's registration.
@@ -236,8 +239,31 @@ func newWait(source, watch syscall.Conn, fire func(Event)) (*Wait, error) {
 			p.release(w.slot)
 			return nil, err
 		}
+		w.hasWatch.Store(true)
 	}
 	return w, nil
+}
+
+func (w *Wait) setWatch(watch syscall.Conn) error {
+	rc, err := watch.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("poll: %w", err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if phaseOf(w.state.Load()) == phaseClosed {
+		return ErrClosed
+	}
+	if w.watch.rc != nil {
+		return errors.New("poll: SetWatch of a wait that has a watch")
+	}
+	w.watch.init(rc, thePoller.epfd)
+	if err := w.watch.do(syscall.EPOLL_CTL_ADD, addEvents, w.slot, 0, true); err != nil {
+		w.watch = reg{}
+		return err
+	}
+	w.hasWatch.Store(true)
+	return nil
 }
 
 func (w *Wait) arm() error {
@@ -581,7 +607,7 @@ func (p *poller) collect(evs []syscall.EpollEvent, ends []ending) []ending {
 			gen = genOf(w.state.Load())
 		}
 		merged := false
-		if w.watch.rc != nil {
+		if w.hasWatch.Load() {
 			for j := range ends {
 				if ends[j].w == w && ends[j].gen == gen {
 					ends[j].ev |= ev

@@ -796,3 +796,31 @@ func TestInlineOnlyWhereAllowed(t *testing.T) {
 		}
 	}
 }
+
+// A watch registered after the Wait was made (SetWatch) is watched as one
+// given to NewWait: its peer's hang-up fires, its bytes do not.
+func TestSetWatch(t *testing.T) {
+	p := newPairs(t)
+	src, srcPeer := p.pair(t)
+	client, peer := p.pair(t)
+	w, fired := testWait(t, src, nil)
+	if err := w.SetWatch(client); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetWatch(client); err == nil {
+		t.Error("a second SetWatch: no error")
+	}
+	arm(t, w)
+	write(t, peer, "GET / HTTP/1.1\r\n\r\n")
+	expectNone(t, fired, "the watch's peer only sent bytes")
+	write(t, srcPeer, "x")
+	expectFire(t, fired, Readable)
+	readN(t, src, "x")
+	arm(t, w)
+	peer.Close()
+	expectFire(t, fired, Hangup)
+	w.Close()
+	if err := w.SetWatch(client); !errors.Is(err, ErrClosed) {
+		t.Errorf("SetWatch of a closed wait: %v", err)
+	}
+}

@@ -12,7 +12,9 @@ func newWait(source, watch syscall.Conn, fire func(Event)) (*Wait, error) {
 }
 
 func (w *Wait) arm() error { return ErrUnsupported }
-func (w *Wait) wake() bool { return false }
-func (w *Wait) close()     {}
-func (w *Wait) setInline() {}
-func (w *Wait) handoff()   {}
+
+func (w *Wait) setWatch(syscall.Conn) error { return ErrUnsupported }
+func (w *Wait) wake() bool                  { return false }
+func (w *Wait) close()                      {}
+func (w *Wait) setInline()                  {}
+func (w *Wait) handoff()                    {}

@@ -196,12 +196,14 @@ func (s *eventStream) park() bool {
 	}
 	client := h1.ClientConn(s.w)
 	source, sok := conn.(syscall.Conn)
-	watch, wok := client.(syscall.Conn)
+	_, wok := client.(syscall.Conn)
 	if !sok || !wok {
 		s.parkable = false
 		return false
 	}
-	wait, err := poll.NewWait(source, watch, s.wake)
+	// The client's connection is watched from armFirst: h1 puts it to
+	// sleep (h1.Sleep) once the handler has returned.
+	wait, err := poll.NewWait(source, nil, s.wake)
 	if err != nil {
 		s.parkable = false
 		return false
@@ -233,7 +235,17 @@ func (s *eventStream) park() bool {
 // armFirst arms the poller for the first time, on the connection's
 // goroutine once the handler has returned.
 func (s *eventStream) armFirst() {
-	if s.wait.Load().Arm() != nil {
+	wait := s.wait.Load()
+	watch, ok := s.d.Conn().(syscall.Conn)
+	if !ok {
+		s.end(errNoWatch)
+		return
+	}
+	if err := wait.SetWatch(watch); err != nil {
+		s.end(err) // the client's connection closed (Server.Close)
+		return
+	}
+	if wait.Arm() != nil {
 		s.wake(poll.Readable) // a connection closed: the read says how
 	}
 }
@@ -257,7 +269,10 @@ func (s *eventStream) wake(ev poll.Event) {
 	}
 }
 
-var errClientGone = errors.New("client closed the connection")
+var (
+	errClientGone = errors.New("client closed the connection")
+	errNoWatch    = errors.New("tether: the client's connection cannot be watched")
+)
 
 // stop ends the stream at its next event boundary (its backend departed,
 // or its session moved).
