@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -47,14 +48,19 @@ func TestSleepingConn(t *testing.T) {
 		t.Fatal("a read that did not wait woke the connection")
 	}
 
-	// No bytes yet: the read waits, awake, until they come.
+	// No bytes yet: the read waits, awake, until they come (sent once
+	// the read is about to wait: its OnWait hook).
+	waiting := make(chan struct{})
+	var once sync.Once
+	OnWait(s, func() { once.Do(func() { close(waiting) }) })
 	go func() {
-		time.Sleep(20 * time.Millisecond)
+		<-waiting
 		io.WriteString(peer, "second")
 	}()
 	if n, err := s.Read(buf); err != nil || string(buf[:n]) != "second" {
 		t.Fatalf("read %q, %v", buf[:n], err)
 	}
+	OnWait(s, nil)
 	if s.awake == nil {
 		t.Fatal("a read that waited left the connection asleep")
 	}
