@@ -262,37 +262,35 @@ func (c *sleepingConn) Close() error {
 	return nil
 }
 
-func (c *sleepingConn) SetDeadline(t time.Time) error {
-	if err := c.SetReadDeadline(t); err != nil {
-		return err
-	}
-	return c.SetWriteDeadline(t)
-}
+func (c *sleepingConn) SetDeadline(t time.Time) error      { return c.setDeadline(t, true, true) }
+func (c *sleepingConn) SetReadDeadline(t time.Time) error  { return c.setDeadline(t, true, false) }
+func (c *sleepingConn) SetWriteDeadline(t time.Time) error { return c.setDeadline(t, false, true) }
 
-func (c *sleepingConn) SetReadDeadline(t time.Time) error {
+// setDeadline keeps the deadlines for the raw reads and writes of a
+// sleeping connection (past checks them) and passes them on to the
+// net.Conn of an awake one, which enforces them while it waits.
+func (c *sleepingConn) setDeadline(t time.Time, read, write bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.fd < 0 {
 		return c.opErrorLocked("set", net.ErrClosed)
 	}
-	c.rd = t
-	if c.awake != nil {
+	if read {
+		c.rd = t
+	}
+	if write {
+		c.wd = t
+	}
+	switch {
+	case c.awake == nil:
+		return nil
+	case read && write:
+		return c.awake.SetDeadline(t)
+	case read:
 		return c.awake.SetReadDeadline(t)
-	}
-	return nil
-}
-
-func (c *sleepingConn) SetWriteDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.fd < 0 {
-		return c.opErrorLocked("set", net.ErrClosed)
-	}
-	c.wd = t
-	if c.awake != nil {
+	default:
 		return c.awake.SetWriteDeadline(t)
 	}
-	return nil
 }
 
 func (c *sleepingConn) LocalAddr() net.Addr {
