@@ -555,7 +555,10 @@ func (r *runner) loop(passed []ending) {
 // were none (the runtime's poller then waits for the next: its
 // registration is edge-triggered, and any event that comes later is a
 // new edge). Read calls it first without waiting, so events left from a
-// full batch are taken by the next loop.
+// full batch are taken by the next loop. That first call is needed even
+// after a batch that took every event ready: Read begins by resetting the
+// descriptor's readiness in the runtime (prepareRead), which forgets an
+// edge that came while the last batch fired (TestEventDuringFire).
 func (r *runner) harvest(fd uintptr) bool {
 	n, e := epollWaitNow(int(fd), r.evs)
 	for e == syscall.EINTR {

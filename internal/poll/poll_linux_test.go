@@ -824,3 +824,42 @@ func TestSetWatch(t *testing.T) {
 		t.Errorf("SetWatch of a closed wait: %v", err)
 	}
 }
+
+// An event that comes while the runner fires, after its harvest took
+// every event ready, fires: the runtime forgets the edge it made when the
+// next Read begins (prepareRead), so that Read must look before it waits.
+// Here a's inline fire makes b readable.
+func TestEventDuringFire(t *testing.T) {
+	p := newPairs(t)
+	a, aPeer := p.pair(t)
+	b, bPeer := p.pair(t)
+	wb, firedB := testWait(t, b, nil)
+	wb.SetInline()
+	firedA := make(chan Event, 4)
+	writeErr := make(chan error, 4)
+	wa, err := NewWait(a, nil, func(ev Event) {
+		_, err := bPeer.Write([]byte("b")) // not write: off the test's goroutine
+		writeErr <- err
+		firedA <- ev
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wa.Close)
+	wa.SetInline()
+	for i := range 20 {
+		arm(t, wa)
+		arm(t, wb)
+		write(t, aPeer, "a")
+		expectFire(t, firedA, Readable|Inline)
+		if err := <-writeErr; err != nil {
+			t.Fatal(err)
+		}
+		expectFire(t, firedB, Readable|Inline)
+		readN(t, a, "a")
+		readN(t, b, "b")
+		if t.Failed() {
+			t.Fatalf("round %d", i)
+		}
+	}
+}
