@@ -247,3 +247,36 @@ func TestResponsesAsNetHTTP(t *testing.T) {
 		})
 	}
 }
+
+// A chunk's size line is the same however full the write buffer is: it
+// goes into the buffer's free space when it fits, byte by byte otherwise
+// (writeChunkSize).
+func TestChunkSizeLine(t *testing.T) {
+	for _, size := range []int{1, 15, 16, 255, 256, 4095, 4096, 1 << 20} {
+		p := []byte(strings.Repeat("x", size))
+		want := fmt.Sprintf("%x\r\n%s\r\n", size, p)
+		for fill := range 64 {
+			var got strings.Builder
+			w := &response{o: &out{bw: bufio.NewWriterSize(&got, 64)}, chunked: true}
+			filler := strings.Repeat("f", fill)
+			w.o.bw.WriteString(filler)
+			w.writeBody(p)
+			w.flush()
+			if w.err != nil {
+				t.Fatal(w.err)
+			}
+			if got.String() != filler+want {
+				t.Fatalf("chunk of %d after %d buffered bytes: %q, want %q", size, fill, got.String()[:min(got.Len(), 80)], (filler + want)[:min(len(filler+want), 80)])
+			}
+		}
+	}
+}
+
+// A chunk costs no allocation (a parked stream's event is one).
+func TestChunkAllocatesNothing(t *testing.T) {
+	w := &response{o: &out{bw: bufio.NewWriterSize(io.Discard, writeBufferSize)}, chunked: true}
+	p := []byte("data: {}\n\n")
+	if n := testing.AllocsPerRun(100, func() { w.writeBody(p) }); n != 0 {
+		t.Fatalf("%v allocations a chunk, want 0", n)
+	}
+}
