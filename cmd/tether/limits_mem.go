@@ -18,15 +18,19 @@ import (
 // memory limit (deriveLimits). When a change moves a cost, measure again and
 // update the number here (docs/operations.md, "Memory", says the same).
 const (
-	// streamMemCost: RSS per open GET stream, 6.7 KB, parked between
-	// events, the most of the readings of 2026-12-05 after its trims:
-	// `go run ./hack/streammem -tether BIN -n 2000` with the sidecar build
-	// read 6.0–6.5 KiB (-detail: Go heap and stacks 4.0–4.2 KiB; the two
-	// sockets' runtime poll descriptors 1.2 KiB, off the heap; the
-	// collector's metadata 0.5–0.8 KiB), the bench's streams scenario 5.9–6.2
-	// idle and 6.1–6.3 once events flowed. (7.0–7.5 KiB earlier that day,
-	// 43 KB of heap and stacks before streams parked.)
-	streamMemCost = 6_700
+	// streamMemCost: RSS per open GET stream, 4.6 KB, parked between
+	// events: the most the bench's streams scenario read per stream at
+	// 5,000 and 9,900 streams on 2026-12-05, after a parked stream's
+	// sockets went to sleep as bare descriptors (h1.Sleep): 3.8–4.2 KiB
+	// idle, 3.9–4.3 once events flowed (`make bench`; `cd bench && go
+	// run ./cmd/tetherbench -scenarios streams -streams-sizes 5000`); the
+	// growth from 1,000 to 9,900 streams was 3.3 KiB a stream. Of it, Go
+	// heap ~3 KiB (`go run ./hack/streammem -tether BIN -n 3000 -detail`).
+	// At 1,000 streams the figure reads 8.4 KiB: the collector's headroom
+	// and metadata, some 4 MiB once, which idleMemAllowance covers. (6.7 KB
+	// before the sockets slept; 43 KB of heap and stacks before streams
+	// parked.)
+	streamMemCost = 4_600
 	// sessionMemCost: RSS per session record of the memory store, its
 	// initialize body shared: (124.8 − 18.2) MiB for 100,000 sessions,
 	// `go run ./hack/sessionmem -tether BIN -sessions 100000` with the
