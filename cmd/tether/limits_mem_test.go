@@ -45,7 +45,7 @@ func TestDeriveLimits(t *testing.T) {
 		{"64MiB: below the fixed costs, the floors", 64 * mib, "floor", "floor", "is small"},
 		{"256MiB", 256 * mib, "memory", "memory", ""},
 		{"1GiB", gib, "memory", "ceiling", ""},
-		{"4GiB", 4 * gib, "memory", "ceiling", ""},
+		{"3GiB", 3 * gib, "memory", "ceiling", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := deriveLimits(tc.limit, manyFiles, inflight, 0, 0)
@@ -128,7 +128,7 @@ func TestDeriveLimitsGiven(t *testing.T) {
 		{"both, within the limit", gib, manyFiles, 1000, 2000, 1000, 2000, "flag", "flag", ""},
 		{"streams past the memory", 256 * mib, manyFiles, 50_000, 0, 50_000, minDerivedSessions, "flag", "floor", "more than"},
 		{"sessions past the memory", 256 * mib, manyFiles, 0, 250_000, 0, 250_000, "floor", "flag", "more than"},
-		{"streams given, sessions share what is left", 1 * gib, manyFiles, 90_000, 0, 90_000, 0, "flag", "memory", ""},
+		{"streams given, sessions share what is left", 1 * gib, manyFiles, 150_000, 0, 150_000, 0, "flag", "memory", ""},
 		{"sessions given, streams take the rest", 1 * gib, manyFiles, 0, 1000, 0, 1000, "memory", "flag", ""},
 		{"any int: no overflow", gib, manyFiles, math.MaxInt, 0, math.MaxInt, minDerivedSessions, "flag", "floor", "more than"},
 		{"streams past the open files", noMemoryLimit, 20_000, 50_000, 0, 50_000, session.DefaultMaxSessions, "flag", "default", "open-file limit"},
