@@ -325,28 +325,21 @@ func (w *response) writeBody(p []byte) {
 }
 
 // writeChunkSize writes a chunk's size line. It is appended to the
-// writer's free buffer: a local array for it would escape (bufio.Writer
-// may pass what it is given to the connection), one allocation a chunk.
+// writer's free buffer, flushed first when nearly full: a local array for
+// it would escape (bufio.Writer may pass what it is given to the
+// connection), one allocation a chunk.
 func (w *response) writeChunkSize(n int) {
 	if w.err != nil {
 		return
 	}
 	bw := w.o.bw
-	if bw.Available() >= 18 { // 16 hex digits and CRLF
-		w.write(append(strconv.AppendUint(bw.AvailableBuffer(), uint64(n), 16), '\r', '\n'))
-		return
-	}
-	shift := 0
-	for n>>(shift+4) > 0 {
-		shift += 4
-	}
-	for ; shift >= 0; shift -= 4 {
-		if err := bw.WriteByte("0123456789abcdef"[n>>shift&0xf]); err != nil {
-			w.fail(err)
+	if bw.Available() < 18 { // 16 hex digits and CRLF
+		w.flush() // what a Write past the buffer's end would do
+		if w.err != nil {
 			return
 		}
 	}
-	w.write(crlf)
+	w.write(append(strconv.AppendUint(bw.AvailableBuffer(), uint64(n), 16), '\r', '\n'))
 }
 
 func (w *response) write(p []byte) {

@@ -249,7 +249,7 @@ func TestResponsesAsNetHTTP(t *testing.T) {
 }
 
 // A chunk's size line is the same however full the write buffer is: it
-// goes into the buffer's free space when it fits, byte by byte otherwise
+// goes into the buffer's free space, flushed first when it would not fit
 // (writeChunkSize).
 func TestChunkSizeLine(t *testing.T) {
 	for _, size := range []int{1, 15, 16, 255, 256, 4095, 4096, 1 << 20} {
