@@ -9,7 +9,11 @@
 // -old measures a binary from before --max-streams existed; -detail also
 // prints how each of the runtime's memory figures grew per stream (off the
 // heap too: each socket's runtime poll descriptor is counted in
-// go_memstats_other_sys_bytes).
+// go_memstats_other_sys_bytes). -cpu then measures tether's CPU per event
+// while every stream gets one each -ping, at its own phase (the bench's
+// streams scenario, tether alone and quicker, for builds side by side):
+//
+//	go run ./hack/streammem -tether /tmp/tether -n 5000 -ping 15s -cpu 30s
 package main
 
 import (
@@ -18,12 +22,14 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-mcp/tether/hack/internal/tetherproc"
@@ -35,13 +41,42 @@ func main() {
 	old := flag.Bool("old", false, "the binary has no --max-streams")
 	detail := flag.Bool("detail", false, "also print how each of the runtime's memory figures (go_memstats_*_bytes) grew per stream")
 	settle := flag.Duration("settle", 2*time.Second, "how long after the streams open to measure (past --memory-release-after, 5s, the runtime has given back what the opening left)")
+	ping := flag.Duration("ping", 0, "with -cpu: the interval between two events of one stream (each stream at its own phase)")
+	cpuWindow := flag.Duration("cpu", 0, "after the memory figures, measure tether's CPU over this window while every stream gets an event each -ping")
 	flag.Parse()
 
+	var events atomic.Int64
+	pinging := make(chan struct{})
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)
 		w.(http.Flusher).Flush()
-		<-r.Context().Done()
+		select {
+		case <-pinging:
+		case <-r.Context().Done():
+			return
+		}
+		// Each stream at its own phase: events spread over the interval.
+		phase := time.NewTimer(rand.N(*ping))
+		select {
+		case <-phase.C:
+		case <-r.Context().Done():
+			return
+		}
+		tick := time.NewTicker(*ping)
+		defer tick.Stop()
+		for {
+			if _, err := io.WriteString(w, "event: ping\ndata: {}\n\n"); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			events.Add(1)
+			select {
+			case <-tick.C:
+			case <-r.Context().Done():
+				return
+			}
+		}
 	})}
 	bln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -82,9 +117,44 @@ func main() {
 			}
 		}
 	}
+	if *cpuWindow > 0 && *ping > 0 {
+		for _, c := range conns {
+			go io.Copy(io.Discard, c) // the client reads every event
+		}
+		close(pinging)
+		time.Sleep(*ping) // every stream past its phase
+		pid := cmd.Process.Pid
+		cpu0, ev0 := threadsRunTime(pid), events.Load()
+		time.Sleep(*cpuWindow)
+		cpu1, ev1 := threadsRunTime(pid), events.Load()
+		cpu, ev := cpu1-cpu0, ev1-ev0
+		fmt.Printf("pinging every %v: %d events in %v, tether CPU %.3f%% of a core, %.1f µs per event\n",
+			*ping, ev, *cpuWindow, 100*float64(cpu)/float64(*cpuWindow), float64(cpu)/1e3/float64(max(ev, 1)))
+	}
 	for _, c := range conns {
 		c.Close()
 	}
+}
+
+// threadsRunTime is the time every thread of the process pid has run, in
+// ns (the first field of each thread's schedstat, as the bench reads it).
+func threadsRunTime(pid int) time.Duration {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		panic(err)
+	}
+	var total int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			ns, _ := strconv.ParseInt(f[0], 10, 64)
+			total += ns
+		}
+	}
+	return time.Duration(total)
 }
 
 func openStream(addr string) net.Conn {
