@@ -61,6 +61,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	streamsSizes := fs.String("streams-sizes", "1000,5000,10000", "open streams per run of the streams scenario, comma-separated (a fresh proxy per size)")
 	streamsWindow := fs.Duration("streams-window", 10*time.Second, "the streams scenario's CPU windows, pinging and idle (30s with -full unless set)")
 	streamsPing := fs.Duration("streams-ping", 15*time.Second, "the streams scenario's interval between two pings of one stream")
+	streamsRuns := fs.Int("streams-runs", 1, "the streams scenario's runs of each proxy at each size, made in turn; its figures are their medians")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,7 +77,7 @@ func reportCommand(ctx context.Context, args []string) error {
 	if _, ok := set["streams-window"]; *full && !ok {
 		*streamsWindow = 30 * time.Second
 	}
-	streams, err := parseStreamsConfig(*streamsSizes, *streamsWindow, *streamsPing)
+	streams, err := parseStreamsConfig(*streamsSizes, *streamsWindow, *streamsPing, *streamsRuns)
 	if err != nil {
 		return err
 	}
@@ -357,7 +358,7 @@ func commandLine(full bool, scenarios string, set map[string]string) string {
 		if full {
 			c += " -full"
 		}
-		for _, f := range []string{"rollouts", "rollout-drain-rate", "rollout-wait-ms", "streams-sizes", "streams-window", "streams-ping"} {
+		for _, f := range []string{"rollouts", "rollout-drain-rate", "rollout-wait-ms", "streams-sizes", "streams-window", "streams-ping", "streams-runs"} {
 			if v, ok := set[f]; ok {
 				c += " -" + f + " " + v
 			}

@@ -27,6 +27,10 @@ type streamsConfig struct {
 	Sizes  []int         // open streams per run
 	Window time.Duration // each CPU window: pinging, then nothing flowing
 	Ping   time.Duration // between two pings of one stream while pinging
+	// Repeats is how many times each proxy is measured at each size:
+	// every proxy at every size, then all again, so that the machine's
+	// drift meets each alike; the report's figures are the medians.
+	Repeats int
 	// Settle is the wait after the streams are open, before their RSS is
 	// read: longer than tether's --memory-release-after (5 s), so that
 	// what opening them left behind has been given back as it would be.
@@ -34,8 +38,11 @@ type streamsConfig struct {
 }
 
 // parseStreamsConfig checks the scenario's flags.
-func parseStreamsConfig(sizes string, window, ping time.Duration) (streamsConfig, error) {
-	cfg := streamsConfig{Window: window, Ping: ping, Settle: 6 * time.Second}
+func parseStreamsConfig(sizes string, window, ping time.Duration, repeats int) (streamsConfig, error) {
+	cfg := streamsConfig{Window: window, Ping: ping, Repeats: repeats, Settle: 6 * time.Second}
+	if repeats < 1 {
+		return cfg, fmt.Errorf("-streams-runs %d: want at least 1", repeats)
+	}
 	for _, f := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -138,23 +145,24 @@ func runStreams(ctx context.Context, env *reportEnv) (*streamsResult, error) {
 	if _, ok := onCPU(os.Getpid()); !ok {
 		res.CPUClock = "stat"
 	}
-	for _, n := range res.Sizes {
-		for _, px := range streamsProxies {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			r, err := runStreamsOnce(ctx, env, px, n)
-			if err != nil {
-				return nil, fmt.Errorf("%s at %d streams: %w", px.name, n, err)
-			}
-			if r.RSSOpen == 0 { // failed before its streams were open
-				env.logf("streams: %-7s %6d streams: failed: %s", r.Proxy, n, r.Failed)
+	for rep := 1; rep <= max(cfg.Repeats, 1); rep++ {
+		for _, n := range res.Sizes {
+			for _, px := range streamsProxies {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				r, err := runStreamsOnce(ctx, env, px, n)
+				if err != nil {
+					return nil, fmt.Errorf("%s at %d streams: %w", px.name, n, err)
+				}
 				res.Runs = append(res.Runs, r)
-				continue
+				if r.RSSOpen == 0 { // failed before its streams were open
+					env.logf("streams: run %d: %-7s %6d streams: failed: %s", rep, r.Proxy, n, r.Failed)
+					continue
+				}
+				env.logf("streams: run %d: %-7s %6d streams: RSS %.1f → %.1f MiB (%.1f KiB/stream; %.1f after events), goroutines %.0f, CPU %.3f%% pinging (%d events), %.3f%% idle; %d open at the end %s (opened in %v)",
+					rep, r.Proxy, n, mib(r.RSSBefore), mib(r.RSSOpen), r.KiBPerStream, r.KiBPerStreamAfterEvents, r.GoroutinesOpen, r.CPUPinging, r.Events, r.CPUIdle, r.OpenAtEnd, r.Failed, r.Opening.Round(time.Millisecond))
 			}
-			env.logf("streams: %-7s %6d streams: RSS %.1f → %.1f MiB (%.1f KiB/stream; %.1f after events), goroutines %.0f, CPU %.3f%% pinging (%d events), %.3f%% idle; %d open at the end %s (opened in %v)",
-				r.Proxy, n, mib(r.RSSBefore), mib(r.RSSOpen), r.KiBPerStream, r.KiBPerStreamAfterEvents, r.GoroutinesOpen, r.CPUPinging, r.Events, r.CPUIdle, r.OpenAtEnd, r.Failed, r.Opening.Round(time.Millisecond))
-			res.Runs = append(res.Runs, r)
 		}
 	}
 	return res, nil
@@ -669,14 +677,78 @@ func startStreamsHAProxy(ctx context.Context, env *reportEnv, backend string, n 
 	return p, addr, nil
 }
 
-// run is the run of proxy at n streams, nil when there was none.
+// run is proxy's figures at n streams, nil when it had no run: its run,
+// or with several the median of each figure over them (a run of its own,
+// made up); a failed run, when one failed, so that the goals it was for
+// are not met.
 func (s *streamsResult) run(proxy string, n int) *streamsRun {
-	for _, r := range s.Runs {
-		if r.Proxy == proxy && r.Streams == n {
+	runs := s.runsOf(proxy, n)
+	switch {
+	case len(runs) == 0:
+		return nil
+	case len(runs) == 1:
+		return runs[0]
+	}
+	for _, r := range runs {
+		if r.Failed != "" {
 			return r
 		}
 	}
-	return nil
+	m := &streamsRun{Proxy: proxy, Streams: n}
+	medianOf := func(v func(*streamsRun) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = v(r)
+		}
+		return median(xs)
+	}
+	i64 := func(v func(*streamsRun) int64) int64 {
+		return int64(math.Round(medianOf(func(r *streamsRun) float64 { return float64(v(r)) })))
+	}
+	m.RSSBefore = i64(func(r *streamsRun) int64 { return r.RSSBefore })
+	m.RSSOpen = i64(func(r *streamsRun) int64 { return r.RSSOpen })
+	m.RSSAfterEvents = i64(func(r *streamsRun) int64 { return r.RSSAfterEvents })
+	m.KiBPerStream = medianOf(func(r *streamsRun) float64 { return r.KiBPerStream })
+	m.KiBPerStreamAfterEvents = medianOf(func(r *streamsRun) float64 { return r.KiBPerStreamAfterEvents })
+	m.GoroutinesBefore = medianOf(func(r *streamsRun) float64 { return r.GoroutinesBefore })
+	m.GoroutinesOpen = medianOf(func(r *streamsRun) float64 { return r.GoroutinesOpen })
+	m.CPUPinging = medianOf(func(r *streamsRun) float64 { return r.CPUPinging })
+	m.CPUIdle = medianOf(func(r *streamsRun) float64 { return r.CPUIdle })
+	m.CPUPingingTicks = medianOf(func(r *streamsRun) float64 { return r.CPUPingingTicks })
+	m.CPUIdleTicks = medianOf(func(r *streamsRun) float64 { return r.CPUIdleTicks })
+	m.Events = i64(func(r *streamsRun) int64 { return r.Events })
+	m.Opening = time.Duration(i64(func(r *streamsRun) int64 { return int64(r.Opening) }))
+	m.OpenAtEnd = int(i64(func(r *streamsRun) int64 { return int64(r.OpenAtEnd) }))
+	return m
+}
+
+// runsOf is proxy's runs at n streams, in the order they ran.
+func (s *streamsResult) runsOf(proxy string, n int) []*streamsRun {
+	var runs []*streamsRun
+	for _, r := range s.Runs {
+		if r.Proxy == proxy && r.Streams == n {
+			runs = append(runs, r)
+		}
+	}
+	return runs
+}
+
+// cpuRange is the least and the most CPU % pinging of proxy's runs at n
+// streams that did not fail, for the table when there are several.
+func (s *streamsResult) cpuRange(proxy string, n int) (lo, hi float64, ok bool) {
+	for _, r := range s.runsOf(proxy, n) {
+		if r.Failed != "" {
+			continue
+		}
+		if !ok || r.CPUPinging < lo {
+			lo = r.CPUPinging
+		}
+		if !ok || r.CPUPinging > hi {
+			hi = r.CPUPinging
+		}
+		ok = true
+	}
+	return lo, hi, ok
 }
 
 // failures are the runs that failed, for the report's list.
@@ -698,6 +770,9 @@ func streamsMarkdown(s *streamsResult) string {
 		"CPU: the proxy's threads (%s), over %v while every stream gets a ping event every %v (each at its own phase), then over %v with nothing flowing, in %% of one core. "+
 		"At the end one last event goes down every stream; a stream that does not deliver it is dropped, and the run failed.\n\n",
 		s.Settle, cpuClockName(s.CPUClock), s.Window, s.Ping, s.Window)
+	if s.Repeats > 1 {
+		fmt.Fprintf(&b, "Each figure is the median of %d runs, made in turn (every proxy at every size, then all again); CPU %% pinging gives the least and the most too. results.json has every run.\n\n", s.Repeats)
+	}
 	b.WriteString("| proxy | streams | RSS MiB (before → open) | KiB / stream idle | KiB / stream after events | goroutines | CPU % pinging | CPU % idle | open at the end |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, n := range s.Sizes {
@@ -718,15 +793,19 @@ func streamsMarkdown(s *streamsResult) string {
 			if r.Failed != "" {
 				open = "**failed**: " + r.Failed
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.1f → %.1f | %.1f | %.1f | %s | %.2f | %.2f | %s |\n",
-				r.Proxy, thousands(n), mib(r.RSSBefore), mib(r.RSSOpen), r.KiBPerStream, r.KiBPerStreamAfterEvents, g, r.CPUPinging, r.CPUIdle, open)
+			ping := fmt.Sprintf("%.2f", r.CPUPinging)
+			if lo, hi, ok := s.cpuRange(px.name, n); ok && s.Repeats > 1 {
+				ping += fmt.Sprintf(" (%.2f–%.2f)", lo, hi)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.1f → %.1f | %.1f | %.1f | %s | %s | %.2f | %s |\n",
+				r.Proxy, thousands(n), mib(r.RSSBefore), mib(r.RSSOpen), r.KiBPerStream, r.KiBPerStreamAfterEvents, g, ping, r.CPUIdle, open)
 		}
 	}
 	for _, n := range s.Notes {
 		fmt.Fprintf(&b, "\nNot measured as asked: %s.\n", n)
 	}
 	fmt.Fprintf(&b, "\ntether: the sidecar build, `--max-streams` above the run's size. nginx: 1 worker, `proxy_buffering off`, `proxy_read_timeout 1h`. HAProxy: `nbthread 1`, `timeout client/server 1h`, `option http-no-delay`. "+
-		"Command: `cd bench && go run ./cmd/tetherbench -scenarios streams` (`-streams-sizes`, `-streams-window`, `-streams-ping`).\n")
+		"Command: `cd bench && go run ./cmd/tetherbench -scenarios streams` (`-streams-sizes`, `-streams-window`, `-streams-ping`, `-streams-runs`).\n")
 	return b.String()
 }
 
@@ -767,8 +846,8 @@ func (s *streamsResult) streamsTargets(row func(target, measured string, met boo
 	// projected from the most streams measured (5,000 or more).
 	const tenK, tenKRow = 10000, "10,000 idle streams within 80 MiB RSS"
 	var most *streamsRun
-	for _, r := range s.Runs {
-		if r.Proxy == "tether" && ok(r) && r.Streams >= 5000 && (most == nil || r.Streams > most.Streams) {
+	for _, n := range s.Sizes {
+		if r := s.run("tether", n); ok(r) && n >= 5000 && (most == nil || n > most.Streams) {
 			most = r
 		}
 	}

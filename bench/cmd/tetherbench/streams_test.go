@@ -72,18 +72,22 @@ func TestPercentOfCore(t *testing.T) {
 }
 
 func TestParseStreamsConfig(t *testing.T) {
-	cfg, err := parseStreamsConfig("1000, 5000,10000", 10*time.Second, 15*time.Second)
+	cfg, err := parseStreamsConfig("1000, 5000,10000", 10*time.Second, 15*time.Second, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(cfg.Sizes, []int{1000, 5000, 10000}); diff != "" {
 		t.Errorf("sizes (-got +want):\n%s", diff)
 	}
+	if cfg.Repeats != 3 {
+		t.Errorf("repeats %d, want 3", cfg.Repeats)
+	}
 	for _, bad := range []struct {
 		sizes        string
 		window, ping time.Duration
-	}{{"1000,x", time.Second, time.Second}, {"0", time.Second, time.Second}, {"", time.Second, time.Second}, {"10", 0, time.Second}, {"10", time.Second, 0}} {
-		if _, err := parseStreamsConfig(bad.sizes, bad.window, bad.ping); err == nil {
+		runs         int
+	}{{"1000,x", time.Second, time.Second, 1}, {"0", time.Second, time.Second, 1}, {"", time.Second, time.Second, 1}, {"10", 0, time.Second, 1}, {"10", time.Second, 0, 1}, {"10", time.Second, time.Second, 0}} {
+		if _, err := parseStreamsConfig(bad.sizes, bad.window, bad.ping, bad.runs); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
@@ -349,5 +353,61 @@ func TestStreamsTargetProjected(t *testing.T) {
 	})
 	if !met {
 		t.Errorf("projected %q not met", measured)
+	}
+}
+
+// TestStreamsMedians checks that with several runs of a proxy at a size,
+// its figures (the table's, the goals') are each the median of its runs,
+// and that one failed run among them fails the size.
+func TestStreamsMedians(t *testing.T) {
+	s := streamsFixture()
+	s.Repeats = 3
+	var again []*streamsRun
+	for _, r := range s.Runs {
+		for _, k := range []float64{0.9, 1.3} {
+			c := *r
+			c.KiBPerStream, c.CPUPinging, c.RSSOpen = r.KiBPerStream*k, r.CPUPinging*k, r.RSSBefore+int64(float64(r.RSSOpen-r.RSSBefore)*k)
+			again = append(again, &c)
+		}
+	}
+	s.Runs = append(s.Runs, again...)
+	for _, n := range s.Sizes {
+		for _, px := range streamsProxies {
+			runs := s.runsOf(px.name, n)
+			if len(runs) != 3 {
+				t.Fatalf("%s at %d: %d runs, want 3", px.name, n, len(runs))
+			}
+			m := s.run(px.name, n)
+			if m.KiBPerStream != runs[0].KiBPerStream || m.CPUPinging != runs[0].CPUPinging || m.RSSOpen != runs[0].RSSOpen {
+				t.Errorf("%s at %d: median %.2f KiB, %.3f%%, %d KiB RSS; want the middle run's %.2f, %.3f, %d",
+					px.name, n, m.KiBPerStream, m.CPUPinging, m.RSSOpen, runs[0].KiBPerStream, runs[0].CPUPinging, runs[0].RSSOpen)
+			}
+			if lo, hi, ok := s.cpuRange(px.name, n); !ok || lo != runs[1].CPUPinging || hi != runs[2].CPUPinging {
+				t.Errorf("%s at %d: CPU range %v–%v (%v), want %v–%v", px.name, n, lo, hi, ok, runs[1].CPUPinging, runs[2].CPUPinging)
+			}
+		}
+	}
+	md := streamsMarkdown(s)
+	if !strings.Contains(md, "median of 3 runs") || !strings.Contains(md, "| 1.70 (1.53–2.21) |") {
+		t.Errorf("the table does not give the medians and tether's range:\n%s", md)
+	}
+
+	// tether's runs meeting the per-stream goal, but for one failed run
+	// at 5,000: that size's goal is not met.
+	const perStream = "RSS per open stream ≤ HAProxy's, never above nginx's (KiB, idle / after events)"
+	for _, r := range s.Runs {
+		if r.Proxy == "tether" {
+			r.KiBPerStream, r.KiBPerStreamAfterEvents = 4, 4.2
+		}
+	}
+	if !streamsRows(s)[perStream] {
+		t.Fatal("the per-stream goal is not met by runs that meet it")
+	}
+	s.runsOf("tether", 5000)[2].Failed = "streams dropped"
+	if r := s.run("tether", 5000); r.Failed == "" {
+		t.Error("a failed run among three is not reported")
+	}
+	if streamsRows(s)[perStream] {
+		t.Error("a size with a failed run meets the per-stream goal")
 	}
 }
