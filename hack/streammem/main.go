@@ -44,6 +44,10 @@ func main() {
 	ping := flag.Duration("ping", 0, "with -cpu: the interval between two events of one stream (each stream at its own phase)")
 	cpuWindow := flag.Duration("cpu", 0, "after the memory figures, measure tether's CPU over this window while every stream gets an event each -ping")
 	flag.Parse()
+	if *cpuWindow > 0 && *ping <= 0 {
+		fmt.Fprintln(os.Stderr, "streammem: -cpu needs -ping")
+		os.Exit(2)
+	}
 
 	var events atomic.Int64
 	pinging := make(chan struct{})
@@ -117,7 +121,7 @@ func main() {
 			}
 		}
 	}
-	if *cpuWindow > 0 && *ping > 0 {
+	if *cpuWindow > 0 {
 		for _, c := range conns {
 			go io.Copy(io.Discard, c) // the client reads every event
 		}
