@@ -678,9 +678,9 @@ func startStreamsHAProxy(ctx context.Context, env *reportEnv, backend string, n 
 }
 
 // run is proxy's figures at n streams, nil when it had no run: its run,
-// or with several the median of each figure over them (a run of its own,
-// made up); a failed run, when one failed, so that the goals it was for
-// are not met.
+// or with several the median of each figure the report reads (a run of
+// its own, made up); a failed run, when one failed, so that the goals it
+// was for are not met.
 func (s *streamsResult) run(proxy string, n int) *streamsRun {
 	runs := s.runsOf(proxy, n)
 	switch {
@@ -694,32 +694,25 @@ func (s *streamsResult) run(proxy string, n int) *streamsRun {
 			return r
 		}
 	}
-	m := &streamsRun{Proxy: proxy, Streams: n}
-	medianOf := func(v func(*streamsRun) float64) float64 {
+	// The figures the report reads; results.json has every run whole.
+	med := func(v func(*streamsRun) float64) float64 {
 		xs := make([]float64, len(runs))
 		for i, r := range runs {
 			xs[i] = v(r)
 		}
 		return median(xs)
 	}
-	i64 := func(v func(*streamsRun) int64) int64 {
-		return int64(math.Round(medianOf(func(r *streamsRun) float64 { return float64(v(r)) })))
+	return &streamsRun{Proxy: proxy, Streams: n,
+		RSSBefore:               int64(med(func(r *streamsRun) float64 { return float64(r.RSSBefore) })),
+		RSSOpen:                 int64(med(func(r *streamsRun) float64 { return float64(r.RSSOpen) })),
+		KiBPerStream:            med(func(r *streamsRun) float64 { return r.KiBPerStream }),
+		KiBPerStreamAfterEvents: med(func(r *streamsRun) float64 { return r.KiBPerStreamAfterEvents }),
+		GoroutinesBefore:        med(func(r *streamsRun) float64 { return r.GoroutinesBefore }),
+		GoroutinesOpen:          med(func(r *streamsRun) float64 { return r.GoroutinesOpen }),
+		CPUPinging:              med(func(r *streamsRun) float64 { return r.CPUPinging }),
+		CPUIdle:                 med(func(r *streamsRun) float64 { return r.CPUIdle }),
+		OpenAtEnd:               int(med(func(r *streamsRun) float64 { return float64(r.OpenAtEnd) })),
 	}
-	m.RSSBefore = i64(func(r *streamsRun) int64 { return r.RSSBefore })
-	m.RSSOpen = i64(func(r *streamsRun) int64 { return r.RSSOpen })
-	m.RSSAfterEvents = i64(func(r *streamsRun) int64 { return r.RSSAfterEvents })
-	m.KiBPerStream = medianOf(func(r *streamsRun) float64 { return r.KiBPerStream })
-	m.KiBPerStreamAfterEvents = medianOf(func(r *streamsRun) float64 { return r.KiBPerStreamAfterEvents })
-	m.GoroutinesBefore = medianOf(func(r *streamsRun) float64 { return r.GoroutinesBefore })
-	m.GoroutinesOpen = medianOf(func(r *streamsRun) float64 { return r.GoroutinesOpen })
-	m.CPUPinging = medianOf(func(r *streamsRun) float64 { return r.CPUPinging })
-	m.CPUIdle = medianOf(func(r *streamsRun) float64 { return r.CPUIdle })
-	m.CPUPingingTicks = medianOf(func(r *streamsRun) float64 { return r.CPUPingingTicks })
-	m.CPUIdleTicks = medianOf(func(r *streamsRun) float64 { return r.CPUIdleTicks })
-	m.Events = i64(func(r *streamsRun) int64 { return r.Events })
-	m.Opening = time.Duration(i64(func(r *streamsRun) int64 { return int64(r.Opening) }))
-	m.OpenAtEnd = int(i64(func(r *streamsRun) int64 { return int64(r.OpenAtEnd) }))
-	return m
 }
 
 // runsOf is proxy's runs at n streams, in the order they ran.
