@@ -145,7 +145,7 @@ func runStreams(ctx context.Context, env *reportEnv) (*streamsResult, error) {
 	if _, ok := onCPU(os.Getpid()); !ok {
 		res.CPUClock = "stat"
 	}
-	for rep := 1; rep <= max(cfg.Repeats, 1); rep++ {
+	for rep := 1; rep <= cfg.Repeats; rep++ { // at least 1 (parseStreamsConfig)
 		for _, n := range res.Sizes {
 			for _, px := range streamsProxies {
 				if ctx.Err() != nil {
