@@ -2,11 +2,15 @@ package server
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/tether-mcp/tether/internal/testkit"
 )
@@ -58,4 +62,119 @@ func BenchmarkFollowUp(b *testing.B) {
 	for range b.N {
 		followUp()
 	}
+}
+
+// BenchmarkStreamOpen is one GET (SSE) stream opened through the whole
+// server until it parks (issue 32): what a stream allocates on its way in
+// is what the heap grows by while a thousand of them open, before any
+// collection. The backend answers each stream's head from its accept loop
+// and holds the connection, so the goroutines left are tether's; every
+// 256 streams, with the timer stopped, all are closed. allocs/op includes
+// the client's dial and the backend's accept (some 1 KB of it): the
+// memory profile tells them apart.
+//
+//	go test -run '^$' -bench 'StreamOpen$' -benchtime 2000x -benchmem ./internal/server/
+//	go test -run '^$' -bench 'StreamOpen$' -benchtime 2000x -memprofile /tmp/open.mem -memprofilerate 1 ./internal/server/
+//	go tool pprof -sample_index alloc_space -top -focus 'tether-mcp' /tmp/open.mem
+func BenchmarkStreamOpen(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+	held := make(chan net.Conn, 256)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if readHead(c, buf) != nil {
+				c.Close()
+				continue
+			}
+			io.WriteString(c, head)
+			held <- c
+		}
+	}()
+	s := startServer(b, testConfig(b, "http://"+ln.Addr().String()))
+	addr := s.ClientAddr().String()
+	req := []byte("GET /mcp HTTP/1.1\r\nHost: tether\r\nAccept: text/event-stream\r\n\r\n")
+	buf := make([]byte, 4096)
+	var clients, backends []net.Conn
+	closeAll := func() {
+		for _, c := range clients {
+			c.Close()
+		}
+		for _, c := range backends {
+			c.Close()
+		}
+		clients, backends = clients[:0], backends[:0]
+	}
+	b.Cleanup(closeAll)
+	base := runtime.NumGoroutine()
+	// parked waits until the streams opened have parked: tether holds no
+	// goroutine for them.
+	parked := func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for runtime.NumGoroutine() > base {
+			if time.Now().After(deadline) {
+				b.Fatalf("%d goroutines, %d before the streams", runtime.NumGoroutine(), base)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	open := func() {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		clients = append(clients, c)
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		if err := readHead(c, buf); err != nil {
+			b.Fatalf("the stream's head: %v", err)
+		}
+		backends = append(backends, <-held)
+		parked()
+	}
+	// The first streams make the pools and code paths.
+	for range 16 {
+		open()
+	}
+	closeAll()
+	clients, backends = make([]net.Conn, 0, 256), make([]net.Conn, 0, 256)
+	parked()
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		open()
+		if i%256 == 255 {
+			b.StopTimer()
+			closeAll()
+			parked()
+			b.StartTimer()
+		}
+	}
+}
+
+// readHead reads from c until the end of an HTTP head, into buf; bytes
+// after it are not expected (none are sent before the next event).
+func readHead(c net.Conn, buf []byte) error {
+	n := 0
+	for !bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
+		if n == len(buf) {
+			return errors.New("head too long")
+		}
+		m, err := c.Read(buf[n:])
+		if err != nil {
+			return err
+		}
+		n += m
+	}
+	return nil
 }
