@@ -315,6 +315,26 @@ func TestClientDialKeepsTheDeadline(t *testing.T) {
 	}
 }
 
+// A request without a deadline still dials within dialTimeout: the dial's
+// context carries it, so that the dialer derives no context of its own.
+func TestClientDialTimeout(t *testing.T) {
+	var got time.Duration
+	c := NewClient(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return nil, errors.New("the dial has no deadline")
+		}
+		got = time.Until(d)
+		return nil, errors.New("refused")
+	})
+	if _, err := clientPost(context.Background(), c, "127.0.0.1:1", `{}`); err == nil || strings.Contains(err.Error(), "no deadline") {
+		t.Fatalf("round trip: %v, want the dial's own error", err)
+	}
+	if got <= 0 || got > dialTimeout {
+		t.Fatalf("the dial's deadline is %v away, want within %v", got, dialTimeout)
+	}
+}
+
 // A GET that got no byte of answer on a pooled connection is sent again on
 // a fresh one, as net/http does; a POST is not (the backend may have read
 // it).

@@ -15,10 +15,13 @@ type Transport interface {
 	CloseIdleConnections()
 }
 
+// dialTimeout bounds a dial to a backend: a dead one fails fast.
+const dialTimeout = 2 * time.Second
+
 // Dial dials backends: a dead one fails fast, and kernel keep-alives
 // find peers that vanished without a FIN.
 var Dial = (&net.Dialer{
-	Timeout:   2 * time.Second,
+	Timeout:   dialTimeout,
 	KeepAlive: 30 * time.Second,
 }).DialContext
 
