@@ -449,6 +449,12 @@ type poller struct {
 	mu    sync.Mutex
 	slots []*Wait
 	free  []uint32
+	// spare is a runner whose goroutine has ended, for the next handoff:
+	// a stream's end hands off (its last writes may wait), and a runner
+	// with its buffers is some 3.6 KB, which each end would otherwise
+	// allocate anew. One is enough: a handoff happens on the goroutine of
+	// the one runner taking events.
+	spare *runner
 }
 
 var (
@@ -549,6 +555,30 @@ func (r *runner) loop(passed []ending) {
 		r.ends = r.p.collect(r.evs[:r.n], r.ends[:0])
 		r.fire(r.ends)
 	}
+	// Handed off, and the fire that did it has returned: nothing refers
+	// to r any more (a wait's running is cleared before its fire returns).
+	r.p.putSpare(r)
+}
+
+// putSpare keeps r, whose goroutine is ending, for the next handoff.
+func (p *poller) putSpare(r *runner) {
+	clear(r.ends[:cap(r.ends)]) // the waits of the batch it handed off
+	r.ends, r.n, r.batch, r.next, r.gone = r.ends[:0], 0, nil, 0, false
+	p.mu.Lock()
+	p.spare = r
+	p.mu.Unlock()
+}
+
+// takeRunner returns the spare runner, or a new one.
+func (p *poller) takeRunner() *runner {
+	p.mu.Lock()
+	r := p.spare
+	p.spare = nil
+	p.mu.Unlock()
+	if r == nil {
+		r = newRunner(p)
+	}
+	return r
 }
 
 // harvest takes the events ready into evs; it reports false when there
@@ -651,11 +681,11 @@ func (r *runner) fire(batch []ending) {
 	r.batch = nil
 }
 
-// handoff makes a new runner, with what is left of the batch: the fire
-// running on r's goroutine is about to wait.
+// handoff starts the next runner (the spare, or a new one) with what is
+// left of the batch: the fire running on r's goroutine is about to wait.
 func (r *runner) handoff() {
 	r.gone = true
 	passed := slices.Clone(r.batch[r.next:])
 	r.batch = nil
-	go newRunner(r.p).loop(passed)
+	go r.p.takeRunner().loop(passed)
 }
