@@ -187,9 +187,19 @@ func ReadAnswer(br *bufio.Reader, req *http.Request) (*Answer, error) {
 	} else if head, err = readLongHead(br); err != nil {
 		return nil, err
 	}
-	r := new(answer)
+	var r *answer
+	var fields []Field
+	if req != nil && req.Method == http.MethodGet {
+		// A GET is an event stream, most often, which keeps its answer
+		// for its life but not the fields (ForgetHead): they go in an
+		// array of their own, which the stream lets go of.
+		r, fields = new(answer), make([]Field, 0, 8)
+	} else {
+		a := new(answerWithFields)
+		r, fields = &a.answer, a.fields[:0]
+	}
 	r.Answer.Response = &r.resp
-	if err := r.parse(head, req); err != nil {
+	if err := r.parse(head, req, fields); err != nil {
 		return nil, err
 	}
 	if block != nil {
@@ -209,17 +219,22 @@ func ReadAnswer(br *bufio.Reader, req *http.Request) (*Answer, error) {
 	return &r.Answer, nil
 }
 
-// answer is an Answer with its response, body and fields, in one
-// allocation.
+// answer is an Answer with its response and body, in one allocation: an
+// open stream keeps it for its life (288 bytes).
 type answer struct {
 	Answer
 	resp http.Response
 	body Body
 	te   [1]string
-	// fields holds the fields of an answer that has no more (a backend's
-	// answer has five or six). Seven, not eight: the answer is then 504
-	// bytes, in the allocator's 512-byte class instead of the 576 one, and
-	// an open stream keeps its answer for its life.
+}
+
+// answerWithFields is an answer with room for its fields, for an answer
+// that is read once and let go of (a request's other than a GET): one
+// allocation for the whole. Seven fields, not eight (a backend's answer
+// has five or six): it is then 504 bytes, in the allocator's 512-byte
+// class instead of the 576 one.
+type answerWithFields struct {
+	answer
 	fields [7]Field
 }
 
@@ -295,7 +310,7 @@ var errTooManyFields = malformed(fmt.Sprintf("head of more than %d fields", maxH
 // parse parses the head block (status line and fields, through the blank
 // line) into r, with the framing rules of net/http's readTransfer, and
 // refuses (ErrMalformedAnswer) what ReadAnswer's doc lists.
-func (r *answer) parse(block string, req *http.Request) error {
+func (r *answer) parse(block string, req *http.Request, fields []Field) error {
 	line, rest, _ := strings.Cut(block, "\r\n")
 	resp := &r.resp
 	if err := r.parseStatusLine(line); err != nil {
@@ -303,7 +318,7 @@ func (r *answer) parse(block string, req *http.Request) error {
 	}
 	// The fields named are looked for only when present (most answers
 	// have none of them but a Content-Length or Transfer-Encoding).
-	h, has, ok := appendFields(r.fields[:0], rest, false)
+	h, has, ok := appendFields(fields, rest, false)
 	if !ok {
 		return badFields("head", rest)
 	}

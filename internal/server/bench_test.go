@@ -71,7 +71,10 @@ func BenchmarkFollowUp(b *testing.B) {
 // and holds the connection, so the goroutines left are tether's; every
 // 256 streams, with the timer stopped, all are closed. allocs/op includes
 // the client's dial and the backend's accept (some 1 KB of it): the
-// memory profile tells them apart.
+// memory profile tells them apart. parked-B/stream is what the live heap
+// held for each parked stream (the collector's count before the 256 are
+// closed, less after), the test's two connections included (some 600
+// bytes); -benchtime 2000x or more, for a batch to close.
 //
 //	go test -run '^$' -bench 'StreamOpen$' -benchtime 2000x -benchmem ./internal/server/
 //	go test -run '^$' -bench 'StreamOpen$' -benchtime 2000x -memprofile /tmp/open.mem -memprofilerate 1 ./internal/server/
@@ -149,16 +152,32 @@ func BenchmarkStreamOpen(b *testing.B) {
 	clients, backends = make([]net.Conn, 0, 256), make([]net.Conn, 0, 256)
 	parked()
 
+	// heap is the live heap: what the collector keeps.
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	var kept, streams uint64
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		open()
 		if i%256 == 255 {
 			b.StopTimer()
+			open := heap()
+			n := len(clients)
 			closeAll()
 			parked()
+			if closed := heap(); open > closed {
+				kept, streams = kept+open-closed, streams+uint64(n)
+			}
 			b.StartTimer()
 		}
+	}
+	if streams > 0 {
+		b.ReportMetric(float64(kept)/float64(streams), "parked-B/stream")
 	}
 }
 
