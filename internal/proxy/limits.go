@@ -27,10 +27,9 @@ const (
 	// DefaultMaxStreams bounds the GET (server-to-client SSE) streams open
 	// through tether at once (--max-streams). An MCP session holds at most
 	// one, so this is the number of clients that can listen at once. A
-	// stream costs about 54 KB of Go heap and stacks (hack/streammem: two
-	// connections, four goroutines, their buffers), so the bound is about
-	// 540 MB: a ceiling against runaway growth, above what a sidecar is
-	// sized for; size it to the container's memory limit.
+	// parked stream costs some 4.6 KB of RSS (cmd/tether's streamMemCost),
+	// so the bound is about 46 MB: a ceiling against runaway growth where
+	// no memory limit says more (with one, the default follows from it).
 	DefaultMaxStreams = 10000
 )
 

@@ -142,6 +142,27 @@ func TestListenStreamEndsWhenItsBackendLeaves(t *testing.T) {
 	}
 }
 
+// A listen stream parked between notifications holds no request body:
+// its share of --max-inflight-body-bytes goes back once it parks, and the
+// stream still carries notifications.
+func TestParkedListenStreamHoldsNoBody(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := newHarness(t, harnessOptions{backends: 1, stateless: true})
+	changed := make(chan string, 8)
+	cs, err := connectListening(ctx, h.endpoint(), changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	testkit.Eventually(t, 30*time.Second, func() bool { n, _ := listenStreams(h.bal); return n == 1 },
+		"the client's listen stream never reached tether")
+	testkit.Eventually(t, 30*time.Second, func() bool { return h.proxy.LimitStats().InflightBodyBytes == 0 },
+		"a parked listen stream holds request body bytes")
+	announce(t, h, "first")
+	awaitNotification(t, ctx, changed, "through the parked listen stream")
+}
+
 func drain(ch <-chan string) {
 	for {
 		select {

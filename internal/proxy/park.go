@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -221,6 +222,7 @@ func (s *eventStream) park() bool {
 		wait.SetInline()
 	}
 	s.ex, s.status = s.x.exchangeEnd, int32(s.x.out.status)
+	s.lighten()
 	s.x.parked = true
 	// Nothing of the exchange is used from here on: it is reused once the
 	// handler returns. The answer's request is the exchange's direct
@@ -230,6 +232,32 @@ func (s *eventStream) park() bool {
 	// they are substrings of) are not read again.
 	s.resp.ForgetHead()
 	return true
+}
+
+// lighten lets go of what the request brought that the stream's end does
+// not read, before the stream parks for what may be hours: the request's
+// body (a listen stream's, whose share of --max-inflight-body-bytes goes
+// back now: it is not in flight any more), and the request's head, which
+// the classification's header values are substrings of (a legacy GET's
+// Mcp-Session-Id keeps the whole head, some hundreds of bytes) — they are
+// copied. The span's mcp.name, which the end takes from the body when no
+// Mcp-Name gave it, is read first.
+func (s *eventStream) lighten() {
+	c := &s.ex.class
+	if s.ex.span != nil && c.Name == "" && !c.Batch {
+		if member := nameMember(c.Method); member != "" {
+			c.Name, _, _ = paramsString(c.Params, member, "")
+		}
+	}
+	c.Body, c.Params, c.ID = nil, nil, nil
+	c.SessionID = strings.Clone(c.SessionID)
+	c.ProtocolVersion = strings.Clone(c.ProtocolVersion)
+	c.Name = strings.Clone(c.Name)
+	s.ex.reinit, s.ex.newSID = strings.Clone(s.ex.reinit), strings.Clone(s.ex.newSID)
+	if s.ex.bodyHeld > 0 {
+		s.p.bodies.release(s.ex.bodyHeld)
+		s.ex.bodyHeld = 0
+	}
 }
 
 // armFirst arms the poller for the first time, on the connection's

@@ -347,9 +347,9 @@ func (p *Proxy) ServeFields(w http.ResponseWriter, r *http.Request, f h1.Fields)
 
 	class, rerr := p.classifyBounded(w, r, x.header)
 	x.class = class
-	// The body stays reserved until forwarding is over, retries included
-	// (an initialize body kept in a session record is the session store's
-	// to bound).
+	// The body stays reserved until forwarding is over, retries included:
+	// the request's end, or a stream's first park (an initialize body kept
+	// in a session record is the session store's to bound).
 	x.bodyHeld = int64(cap(class.Body))
 	if rerr != nil {
 		p.refuse(w, &class, rerr)
