@@ -103,7 +103,41 @@ type sleepingConn struct {
 	awake net.Conn
 	// onWait is OnWait's f, run before a wait (see RawIO).
 	onWait func()
-	rd, wd time.Time
+	rd, wd deadline
+}
+
+// clockBase is the origin of a sleeping connection's deadlines, which are
+// kept as the time from it (8 bytes, not a time.Time's 24: an open stream
+// has two sleeping connections, and 72 bytes fit the allocator's 80-byte
+// class where 104 took 112). A deadline is then an instant of the
+// monotonic clock, as net.Conn's are once set.
+var clockBase = time.Now()
+
+// deadline is a deadline's time from clockBase; 0: none.
+type deadline time.Duration
+
+func deadlineOf(t time.Time) deadline {
+	if t.IsZero() {
+		return 0
+	}
+	if d := t.Sub(clockBase); d != 0 {
+		return deadline(d)
+	}
+	return -1 // clockBase itself: passed, as a nanosecond before it is
+}
+
+// passed reports whether the deadline is set and has passed: a raw call
+// never waits, so only such a deadline bounds it.
+func (d deadline) passed() bool {
+	return d != 0 && time.Since(clockBase) >= time.Duration(d)
+}
+
+// time is the deadline as a time.Time, for a net.Conn's SetDeadline.
+func (d deadline) time() time.Time {
+	if d == 0 {
+		return time.Time{}
+	}
+	return clockBase.Add(time.Duration(d))
 }
 
 func dupCloexec(fd int) (int, error) {
@@ -128,7 +162,7 @@ func (c *sleepingConn) Read(p []byte) (int, error) {
 			c.mu.RUnlock()
 			return 0, c.opError("read", net.ErrClosed)
 		}
-		if past(c.rd) {
+		if c.rd.passed() {
 			c.mu.RUnlock()
 			return 0, c.opError("read", os.ErrDeadlineExceeded)
 		}
@@ -164,7 +198,7 @@ func (c *sleepingConn) Write(p []byte) (int, error) {
 			c.mu.RUnlock()
 			return written, c.opError("write", net.ErrClosed)
 		}
-		if past(c.wd) {
+		if c.wd.passed() {
 			c.mu.RUnlock()
 			return written, c.opError("write", os.ErrDeadlineExceeded)
 		}
@@ -185,10 +219,6 @@ func (c *sleepingConn) Write(p []byte) (int, error) {
 	}
 	return written, nil
 }
-
-// past reports whether the deadline t is set and has passed: a raw call
-// never waits, so only such a deadline bounds it.
-func past(t time.Time) bool { return !t.IsZero() && !time.Now().Before(t) }
 
 // wake makes the net.Conn a read or write that would wait waits on (the
 // runtime's poller's), after onWait: a duplicate of the descriptor, so
@@ -224,11 +254,11 @@ func (c *sleepingConn) upgrade(op string) error {
 		return c.opErrorLocked(op, err)
 	}
 	awake := RawIO(nc)
-	if !c.rd.IsZero() {
-		awake.SetReadDeadline(c.rd)
+	if c.rd != 0 {
+		awake.SetReadDeadline(c.rd.time())
 	}
-	if !c.wd.IsZero() {
-		awake.SetWriteDeadline(c.wd)
+	if c.wd != 0 {
+		awake.SetWriteDeadline(c.wd.time())
 	}
 	OnWait(awake, c.onWait)
 	c.awake = awake
@@ -276,10 +306,10 @@ func (c *sleepingConn) setDeadline(t time.Time, read, write bool) error {
 		return c.opErrorLocked("set", net.ErrClosed)
 	}
 	if read {
-		c.rd = t
+		c.rd = deadlineOf(t)
 	}
 	if write {
-		c.wd = t
+		c.wd = deadlineOf(t)
 	}
 	switch {
 	case c.awake == nil:

@@ -190,6 +190,24 @@ func TestSleepingConnWaits(t *testing.T) {
 			t.Errorf("read that waited past its deadline: %v", err)
 		}
 	})
+	t.Run("deadline long past", func(t *testing.T) {
+		// net/http's way to end a read: a deadline from before the process
+		// began, which has passed for reads and writes alike.
+		s, _, peer := sleepingPair(t)
+		io.WriteString(peer, "x")
+		waitReadable(t, s)
+		s.SetDeadline(time.Unix(1, 0))
+		if _, err := s.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("read past a deadline long past: %v", err)
+		}
+		if _, err := s.Write([]byte("y")); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("write past a deadline long past: %v", err)
+		}
+		s.SetDeadline(time.Now().Add(time.Hour))
+		if n, err := s.Read(make([]byte, 8)); n != 1 || err != nil {
+			t.Errorf("read before its deadline: %d, %v", n, err)
+		}
+	})
 }
 
 // Close racing reads (a stream stopped from another goroutine) never
@@ -221,5 +239,17 @@ func TestSleepOnlyRawIO(t *testing.T) {
 	defer b.Close()
 	if c, ok := Sleep(a); ok || c != a || Asleep(c) {
 		t.Errorf("Sleep of a pipe: %T %v", c, ok)
+	}
+}
+
+// Every open stream has two sleeping connections, for its life: 80 bytes
+// is the allocator's class they fit in on 64-bit systems (a deadline kept
+// as a time.Time, not a duration from clockBase, would take 112).
+func TestSleepingConnSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes are for 64-bit systems")
+	}
+	if size := unsafe.Sizeof(sleepingConn{}); size > 80 {
+		t.Errorf("sleepingConn is %d bytes, past the 80-byte size class", size)
 	}
 }
