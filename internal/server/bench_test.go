@@ -73,7 +73,7 @@ func BenchmarkFollowUp(b *testing.B) {
 // the client's dial and the backend's accept (some 1 KB of it): the
 // memory profile tells them apart. parked-B/stream is what the live heap
 // held for each parked stream (the collector's count before the 256 are
-// closed, less after), the test's two connections included (some 600
+// closed, less after), the test's two connections included (some 700
 // bytes); -benchtime 2000x or more, for a batch to close.
 //
 //	go test -run '^$' -bench 'StreamOpen$' -benchtime 2000x -benchmem ./internal/server/
