@@ -32,6 +32,21 @@ func connectListening(ctx context.Context, endpoint string, changed chan<- strin
 		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
 }
 
+// listenThrough connects a listening client through h (closed when the
+// test ends) and waits until its listen stream has reached tether.
+func listenThrough(t *testing.T, ctx context.Context, h *harness) (*mcp.ClientSession, chan string) {
+	t.Helper()
+	changed := make(chan string, 8)
+	cs, err := connectListening(ctx, h.endpoint(), changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	testkit.Eventually(t, 30*time.Second, func() bool { n, _ := listenStreams(h.bal); return n == 1 },
+		"the client's listen stream never reached tether")
+	return cs, changed
+}
+
 // listenStreams is the number of listen streams tether holds per endpoint.
 func listenStreams(bal *balancer.Balancer) (total int64, by map[*balancer.Endpoint]int64) {
 	by = map[*balancer.Endpoint]int64{}
@@ -68,15 +83,7 @@ func TestListenStreamEndsWhenItsBackendLeaves(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	h := newHarness(t, harnessOptions{backends: 3, stateless: true, metrics: true})
-	changed := make(chan string, 8)
-
-	cs, err := connectListening(ctx, h.endpoint(), changed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	testkit.Eventually(t, 30*time.Second, func() bool { n, _ := listenStreams(h.bal); return n == 1 },
-		"the client's listen stream never reached tether")
+	cs, changed := listenThrough(t, ctx, h)
 	var home *balancer.Endpoint
 	_, by := listenStreams(h.bal)
 	for e, n := range by {
@@ -149,14 +156,7 @@ func TestParkedListenStreamHoldsNoBody(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h := newHarness(t, harnessOptions{backends: 1, stateless: true})
-	changed := make(chan string, 8)
-	cs, err := connectListening(ctx, h.endpoint(), changed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	testkit.Eventually(t, 30*time.Second, func() bool { n, _ := listenStreams(h.bal); return n == 1 },
-		"the client's listen stream never reached tether")
+	_, changed := listenThrough(t, ctx, h)
 	testkit.Eventually(t, 30*time.Second, func() bool { return h.proxy.LimitStats().InflightBodyBytes == 0 },
 		"a parked listen stream holds request body bytes")
 	announce(t, h, "first")
