@@ -253,7 +253,7 @@ func (s *eventStream) lighten() {
 	c.SessionID = strings.Clone(c.SessionID)
 	c.ProtocolVersion = strings.Clone(c.ProtocolVersion)
 	c.Name = strings.Clone(c.Name)
-	s.ex.reinit, s.ex.newSID = strings.Clone(s.ex.reinit), strings.Clone(s.ex.newSID)
+	s.ex.newSID = strings.Clone(s.ex.newSID) // a field of the backend's head
 	if s.ex.bodyHeld > 0 {
 		s.p.bodies.release(s.ex.bodyHeld)
 		s.ex.bodyHeld = 0

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-mcp/tether/internal/testkit"
 )
 
 // BenchmarkParkedStreamEvent is one event through a parked GET stream:
@@ -48,13 +50,8 @@ func BenchmarkParkedStreamEvent(b *testing.B) {
 	}
 	b.Cleanup(func() { backend.Close() })
 	backend.SetDeadline(time.Now().Add(5 * time.Minute))
-	head := make([]byte, 0, 4096)
-	for !bytes.Contains(head, []byte("\r\n\r\n")) {
-		n, err := backend.Read(head[len(head):cap(head)])
-		if err != nil {
-			b.Fatalf("reading tether's request: %v", err)
-		}
-		head = head[:len(head)+n]
+	if err := testkit.ReadHead(backend, make([]byte, 4096)); err != nil {
+		b.Fatalf("reading tether's request: %v", err)
 	}
 	io.WriteString(backend, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 	br := bufio.NewReader(client)

@@ -2,8 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -94,7 +92,7 @@ func BenchmarkStreamOpen(b *testing.B) {
 			if err != nil {
 				return
 			}
-			if readHead(c, buf) != nil {
+			if testkit.ReadHead(c, buf) != nil {
 				c.Close()
 				continue
 			}
@@ -138,7 +136,7 @@ func BenchmarkStreamOpen(b *testing.B) {
 		if _, err := c.Write(req); err != nil {
 			b.Fatal(err)
 		}
-		if err := readHead(c, buf); err != nil {
+		if err := testkit.ReadHead(c, buf); err != nil {
 			b.Fatalf("the stream's head: %v", err)
 		}
 		backends = append(backends, <-held)
@@ -179,21 +177,4 @@ func BenchmarkStreamOpen(b *testing.B) {
 	if streams > 0 {
 		b.ReportMetric(float64(kept)/float64(streams), "parked-B/stream")
 	}
-}
-
-// readHead reads from c until the end of an HTTP head, into buf; bytes
-// after it are not expected (none are sent before the next event).
-func readHead(c net.Conn, buf []byte) error {
-	n := 0
-	for !bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
-		if n == len(buf) {
-			return errors.New("head too long")
-		}
-		m, err := c.Read(buf[n:])
-		if err != nil {
-			return err
-		}
-		n += m
-	}
-	return nil
 }

@@ -3,6 +3,7 @@ package testkit
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -257,4 +258,22 @@ func (l *LockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// ReadHead reads from r, into buf, until the end of an HTTP head (the
+// blank line), for a peer that sends nothing after it before it is
+// answered; it fails when buf fills first.
+func ReadHead(r io.Reader, buf []byte) error {
+	n := 0
+	for !bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
+		if n == len(buf) {
+			return errors.New("testkit: head longer than the buffer")
+		}
+		m, err := r.Read(buf[n:])
+		if err != nil {
+			return err
+		}
+		n += m
+	}
+	return nil
 }
